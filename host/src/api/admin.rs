@@ -1,0 +1,192 @@
+//! Admin REST under `/admin/v1` (bearer admin token, checked by the router).
+//!
+//! Invariant: the registry is written first and the live tenant changed only
+//! after the write succeeded, so a failed write changes nothing.
+
+use super::{parse_json, ApiError};
+use crate::app::{hex, new_secret, settings_from_record, App};
+use crate::proto;
+use crate::registry::{now_ms, TenantRecord};
+use crate::tenant::{key_digest, Access, LimitOverrides, Tenant};
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+pub(super) fn routes() -> Router<Arc<App>> {
+    Router::new()
+        .route("/tenants", post(create).get(list))
+        .route("/tenants/{tenant}", get(show).patch(update).delete(remove))
+        .route("/tenants/{tenant}/publish-key", post(rotate_key))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateTenant {
+    id: String,
+    #[serde(default)]
+    access: Access,
+    #[serde(default)]
+    config: Option<Value>,
+    #[serde(default)]
+    limits: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchTenant {
+    #[serde(default)]
+    access: Option<Access>,
+    #[serde(default)]
+    config: Option<Value>,
+    /// JSON merge patch over the stored overrides: `null` removes one.
+    #[serde(default)]
+    limits: Option<Value>,
+}
+
+fn view(rec: &TenantRecord, tenant: Option<&Tenant>) -> Value {
+    let mut v = json!({
+        "id": rec.id,
+        "access": rec.access,
+        "config": rec.config,
+        "limits": rec.limits,
+        "created_at_ms": rec.created_at_ms,
+        "updated_at_ms": rec.updated_at_ms,
+    });
+    if let Some(t) = tenant {
+        let s = t.settings();
+        v["effective_limits"] = serde_json::to_value(&s.limits).unwrap_or(Value::Null);
+        v["connections"] = json!(t.connections());
+        v["channels"] = json!(t.hub.channel_count());
+    }
+    v
+}
+
+fn check_config(config: &Value) -> Result<(), ApiError> {
+    if !config.is_object() {
+        return Err(ApiError::BadRequest("config: must be a JSON object".into()));
+    }
+    Ok(())
+}
+
+fn check_limits(app: &App, limits: &Value) -> Result<(), ApiError> {
+    let o: LimitOverrides = serde_json::from_value(limits.clone())
+        .map_err(|e| ApiError::BadRequest(format!("limits: {e}")))?;
+    o.apply(&app.config.limits).map_err(ApiError::BadRequest)?;
+    Ok(())
+}
+
+async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    let req: CreateTenant = parse_json(&body)?;
+    if !proto::validate_tenant_id(&req.id) {
+        return Err(ApiError::BadRequest("id: must be 1-64 characters of a-z 0-9 _ -".into()));
+    }
+    let config = req.config.unwrap_or_else(|| json!({}));
+    check_config(&config)?;
+    let limits = req.limits.unwrap_or_else(|| json!({}));
+    check_limits(&app, &limits)?;
+    let key = new_secret("pk_");
+    let now = now_ms();
+    let rec = TenantRecord {
+        id: req.id,
+        access: req.access.as_str().into(),
+        config,
+        limits,
+        publish_key_sha256: hex(&key_digest(&key)),
+        created_at_ms: now,
+        updated_at_ms: now,
+    };
+    let settings = settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
+    app.registry.create_tenant(&rec).await?;
+    let tenant = Tenant::new(&rec.id, settings, &app.shutdown);
+    app.tenants.insert(tenant.clone());
+    tracing::info!(tenant = %rec.id, access = %rec.access, "tenant created");
+    let mut body = view(&rec, Some(&tenant));
+    body["publish_key"] = json!(key);
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+async fn list(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> {
+    let rows = app.registry.list_tenants().await?;
+    let items: Vec<Value> = rows.iter().map(|r| view(r, app.tenants.get(&r.id).as_deref())).collect();
+    Ok(Json(json!({ "tenants": items })))
+}
+
+async fn show(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let rec = app.registry.get_tenant(&id).await?;
+    Ok(Json(view(&rec, app.tenants.get(&id).as_deref())))
+}
+
+fn merge_patch(target: &mut Value, patch: &Value) {
+    if let (Some(t), Some(p)) = (target.as_object_mut(), patch.as_object()) {
+        for (k, v) in p {
+            if v.is_null() {
+                t.remove(k);
+            } else {
+                t.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+async fn update(State(app): State<Arc<App>>, Path(id): Path<String>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let req: PatchTenant = parse_json(&body)?;
+    let mut rec = app.registry.get_tenant(&id).await?;
+    if let Some(a) = req.access {
+        rec.access = a.as_str().into();
+    }
+    if let Some(c) = req.config {
+        check_config(&c)?;
+        rec.config = c;
+    }
+    if let Some(l) = req.limits {
+        if !l.is_object() {
+            return Err(ApiError::BadRequest("limits: must be a JSON object".into()));
+        }
+        merge_patch(&mut rec.limits, &l);
+        check_limits(&app, &rec.limits)?;
+    }
+    rec.updated_at_ms = now_ms();
+    let settings = settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
+    app.registry.update_tenant(&rec).await?;
+    let tenant = match app.tenants.get(&id) {
+        Some(t) => {
+            t.update(settings, &app.shutdown);
+            t
+        }
+        None => {
+            let t = Tenant::new(&id, settings, &app.shutdown);
+            app.tenants.insert(t.clone());
+            t
+        }
+    };
+    tracing::info!(tenant = %id, "tenant updated");
+    Ok(Json(view(&rec, Some(&tenant))))
+}
+
+async fn remove(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    app.registry.delete_tenant(&id).await?;
+    if let Some(t) = app.tenants.remove(&id) {
+        t.shut();
+    }
+    tracing::info!(tenant = %id, "tenant deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn rotate_key(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let mut rec = app.registry.get_tenant(&id).await?;
+    let key = new_secret("pk_");
+    rec.publish_key_sha256 = hex(&key_digest(&key));
+    rec.updated_at_ms = now_ms();
+    let settings = settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
+    app.registry.update_tenant(&rec).await?;
+    if let Some(t) = app.tenants.get(&id) {
+        t.update(settings, &app.shutdown);
+    }
+    Ok(Json(json!({ "id": id, "publish_key": key })))
+}

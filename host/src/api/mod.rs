@@ -1,0 +1,149 @@
+//! The HTTP router: admin REST, publish, health, readiness and metrics.
+//!
+//! Owns: request validation and the one mapping from [`ApiError`] to HTTP
+//! status and JSON error body. Invariants: every error body is
+//! `{"error":{"code":…,"message":…}}`; internal errors are logged once and
+//! never leak details to clients; a request is validated whole before
+//! anything is changed (a bad item in a publish batch publishes nothing).
+
+mod admin;
+mod publish;
+
+use crate::app::App;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest request body the router reads (a publish batch).
+const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("missing or wrong credentials")]
+    Unauthorized,
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Unprocessable(String),
+    #[error("rate limit exceeded")]
+    RateLimited(Duration),
+    #[error("server is shutting down")]
+    Unavailable,
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn code(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest(_) => "bad_request",
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Conflict(_) => "conflict",
+            ApiError::Unprocessable(_) => "unprocessable",
+            ApiError::RateLimited(_) => "rate_limited",
+            ApiError::Unavailable => "unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+}
+
+impl From<crate::registry::RegistryError> for ApiError {
+    fn from(e: crate::registry::RegistryError) -> Self {
+        use crate::registry::RegistryError as R;
+        match e {
+            R::Conflict(what) => ApiError::Conflict(format!("{what} already exists")),
+            R::NotFound(what) => ApiError::NotFound(format!("{what} not found")),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = match &self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(cause) => {
+                tracing::error!(%cause, "request failed with an internal error");
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        let body = serde_json::json!({"error": {"code": self.code(), "message": self.to_string()}});
+        let mut resp = (status, Json(body)).into_response();
+        match &self {
+            ApiError::RateLimited(wait) => {
+                let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+                resp.headers_mut().insert(header::RETRY_AFTER, secs.into());
+            }
+            ApiError::Unauthorized => {
+                resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        resp
+    }
+}
+
+/// The bearer token of a request, if any.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+async fn require_admin(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    match bearer(req.headers()) {
+        Some(t) if app.check_admin_token(t) => next.run(req).await,
+        _ => ApiError::Unauthorized.into_response(),
+    }
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    let admin = admin::routes().route_layer(middleware::from_fn_with_state(app.clone(), require_admin));
+    Router::new()
+        .nest("/admin/v1", admin)
+        .merge(publish::routes())
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/admin/v1/openapi.json", get(openapi))
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(app)
+}
+
+async fn readyz(State(app): State<Arc<App>>) -> Response {
+    if app.is_ready() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        ApiError::Unavailable.into_response()
+    }
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.metrics.render()).into_response()
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], include_str!("openapi.json")).into_response()
+}
+
+/// Parses a JSON body, naming the field at fault in the error.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid body: {e}")))
+}

@@ -1,0 +1,115 @@
+//! `POST /v1/t/{tenant}/publish`: one message or a batch, with the tenant's key.
+//!
+//! Invariant: the whole batch is validated (channel names, payload sizes,
+//! conflation keys, rate) before any message is published.
+
+use super::{bearer, ApiError};
+use crate::app::App;
+use crate::fanout::Outgoing;
+use crate::proto::{self, PayloadKind};
+use crate::registry::now_ms;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::sync::Arc;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublishItem {
+    ch: String,
+    data: Box<RawValue>,
+    #[serde(default)]
+    key: Option<String>,
+}
+
+pub(super) fn routes() -> Router<Arc<App>> {
+    Router::new()
+        .route("/v1/t/{tenant}/publish", post(publish))
+        .route("/v1/t/{tenant}/ws", get(reconnect))
+        .route("/v1/t/{tenant}/sse", get(reconnect))
+}
+
+/// A WebSocket or SSE request that arrived on a reused keep-alive connection
+/// reached the router instead of the front door: send the client to a fresh
+/// connection, where it becomes a lean session.
+async fn reconnect(uri: axum::http::Uri) -> Response {
+    let location = uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
+    (
+        StatusCode::TEMPORARY_REDIRECT,
+        [(header::LOCATION, location), (header::CONNECTION, "close".to_string())],
+    )
+        .into_response()
+}
+
+async fn publish(
+    State(app): State<Arc<App>>,
+    Path(tenant_id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let tenant = app
+        .tenants
+        .get(&tenant_id)
+        .ok_or_else(|| ApiError::NotFound(format!("tenant {tenant_id:?} not found")))?;
+    match bearer(&headers) {
+        Some(k) if tenant.check_publish_key(k) => {}
+        _ => {
+            tenant.metrics.publish_rejected("unauthorized");
+            return Err(ApiError::Unauthorized);
+        }
+    }
+    let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
+    let (items, batch) = match first {
+        Some(b'[') => (super::parse_json::<Vec<PublishItem>>(&body)?, true),
+        Some(b'{') => (vec![super::parse_json::<PublishItem>(&body)?], false),
+        _ => return Err(ApiError::BadRequest("body must be a JSON object or an array of objects".into())),
+    };
+    if items.is_empty() {
+        return Err(ApiError::BadRequest("batch is empty".into()));
+    }
+    let limits = tenant.settings().limits.clone();
+    for (i, item) in items.iter().enumerate() {
+        let at = if batch { format!("[{i}].") } else { String::new() };
+        proto::validate_channel(&item.ch).map_err(|e| ApiError::BadRequest(format!("{at}ch: {e}")))?;
+        let size = item.data.get().len();
+        if size > limits.max_message_bytes {
+            tenant.metrics.publish_rejected("too_big");
+            return Err(ApiError::BadRequest(format!(
+                "{at}data: {size} bytes exceeds the limit of {} bytes",
+                limits.max_message_bytes
+            )));
+        }
+        if let Some(k) = &item.key {
+            if k.is_empty() || k.len() > 128 {
+                return Err(ApiError::BadRequest(format!("{at}key: must be 1-128 bytes")));
+            }
+        }
+    }
+    if let Err(wait) = tenant.take_publish_tokens(items.len() as u32) {
+        tenant.metrics.publish_rejected("rate_limited");
+        return Err(ApiError::RateLimited(wait));
+    }
+    let now = now_ms() as u64;
+    let history = limits.history();
+    let mut results = Vec::with_capacity(items.len());
+    for item in &items {
+        let out = Outgoing { ch: &item.ch, payload: item.data.get().as_bytes(), kind: PayloadKind::Json, key: item.key.as_deref() };
+        let (seq, report) = tenant.hub.publish(out, history, now);
+        tenant.metrics.published.increment(1);
+        tenant.metrics.conflated.increment(report.conflated as u64);
+        tenant.metrics.dropped.increment(report.dropped as u64);
+        tenant.metrics.disconnected.increment(report.disconnected as u64);
+        results.push(serde_json::json!({"ch": item.ch, "seq": seq, "delivered": report.delivered}));
+    }
+    let body = if batch {
+        serde_json::json!({ "results": results })
+    } else {
+        results.pop().unwrap_or_default()
+    };
+    Ok((StatusCode::OK, Json(body)).into_response())
+}

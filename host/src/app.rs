@@ -1,0 +1,139 @@
+//! The process-wide state every part of the server shares.
+//!
+//! Owns: the registry handle, the live tenants, global capacity, readiness,
+//! and the shutdown token. Invariant: built once in `run` before the listener
+//! accepts, dropped after every task it spawned has finished.
+
+use crate::config::Config;
+use crate::registry::{now_ms, Registry, RegistryError, TenantRecord};
+use crate::tenant::{key_digest, Access, Capacity, LimitOverrides, Tenant, TenantSettings, Tenants};
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub struct App {
+    pub config: Config,
+    pub registry: Registry,
+    pub tenants: Tenants,
+    pub capacity: Arc<Capacity>,
+    pub admin_token_sha256: [u8; 32],
+    /// Cancelled when the server shuts down: sessions close with 1001.
+    pub shutdown: CancellationToken,
+    pub tracker: TaskTracker,
+    ready: AtomicBool,
+    over_memory: AtomicBool,
+    pub metrics: PrometheusHandle,
+}
+
+/// A tenant row turned into live settings, or why it cannot be.
+pub fn settings_from_record(rec: &TenantRecord, config: &Config) -> Result<TenantSettings, String> {
+    let access: Access = serde_json::from_value(serde_json::Value::String(rec.access.clone()))
+        .map_err(|_| format!("access {:?} is not public or plugin", rec.access))?;
+    let overrides: LimitOverrides =
+        serde_json::from_value(rec.limits.clone()).map_err(|e| format!("limits: {e}"))?;
+    let limits = overrides.apply(&config.limits)?;
+    let mut digest = [0u8; 32];
+    let raw = hex_decode(&rec.publish_key_sha256).ok_or("publish key digest is not 64 hex digits")?;
+    digest.copy_from_slice(&raw);
+    Ok(TenantSettings { access, config: rec.config.clone(), overrides, limits, publish_key_sha256: digest })
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    if s.len() != 64 {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect()
+}
+
+/// A fresh random secret (publish keys, generated admin tokens).
+pub fn new_secret(prefix: &str) -> String {
+    format!("{prefix}{}", hex(&rand::random::<[u8; 24]>()))
+}
+
+impl App {
+    pub fn new(
+        config: Config,
+        registry: Registry,
+        capacity: Arc<Capacity>,
+        admin_token_sha256: [u8; 32],
+        metrics: PrometheusHandle,
+    ) -> App {
+        App {
+            config,
+            registry,
+            tenants: Tenants::default(),
+            capacity,
+            admin_token_sha256,
+            shutdown: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            ready: AtomicBool::new(false),
+            over_memory: AtomicBool::new(false),
+            metrics,
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+
+    pub fn over_memory(&self) -> bool {
+        self.over_memory.load(Ordering::Relaxed)
+    }
+
+    pub fn set_over_memory(&self, over: bool) {
+        self.over_memory.store(over, Ordering::Relaxed);
+    }
+
+    pub fn check_admin_token(&self, presented: &str) -> bool {
+        let got = key_digest(presented);
+        self.admin_token_sha256.iter().zip(got.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
+
+    /// Loads every tenant from the registry. A row that cannot be used is
+    /// logged and skipped rather than stopping the server.
+    pub async fn load_tenants(&self) -> Result<usize, RegistryError> {
+        let rows = self.registry.list_tenants().await?;
+        let mut n = 0;
+        for rec in rows {
+            match settings_from_record(&rec, &self.config) {
+                Ok(s) => {
+                    self.tenants.insert(Tenant::new(&rec.id, s, &self.shutdown));
+                    n += 1;
+                }
+                Err(e) => tracing::error!(tenant = %rec.id, error = %e, "tenant in registry is invalid; not loaded"),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Creates the public `demo` tenant if absent; returns its new publish key.
+    pub async fn ensure_demo_tenant(&self) -> Result<Option<String>, RegistryError> {
+        if self.tenants.get("demo").is_some() {
+            return Ok(None);
+        }
+        let key = new_secret("pk_");
+        let rec = TenantRecord {
+            id: "demo".into(),
+            access: Access::Public.as_str().into(),
+            config: serde_json::json!({}),
+            limits: serde_json::json!({}),
+            publish_key_sha256: hex(&key_digest(&key)),
+            created_at_ms: now_ms(),
+            updated_at_ms: now_ms(),
+        };
+        self.registry.create_tenant(&rec).await?;
+        let settings = settings_from_record(&rec, &self.config).map_err(RegistryError::Corrupt)?;
+        self.tenants.insert(Tenant::new("demo", settings, &self.shutdown));
+        Ok(Some(key))
+    }
+}

@@ -1,0 +1,207 @@
+//! Configuration: one tree, parsed once from flags and `HERALD_*` variables,
+//! validated before any port is bound.
+//!
+//! Owns: the command line. Invariant: nothing below `main` reads the
+//! environment; every other module receives the piece of [`Config`] it needs.
+
+use crate::fanout::queue::SlowConsumer;
+use crate::tenant::TenantLimits;
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Parser)]
+#[command(name = "herald", version, about = "Multi-tenant real-time push server")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start the server.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address for clients, publish and admin (one listener).
+    #[arg(long, env = "HERALD_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Directory for the embedded SQLite registry.
+    #[arg(long, env = "HERALD_DATA_DIR", default_value = "./herald-data")]
+    pub data_dir: PathBuf,
+    /// Registry database (`postgres://…` or `sqlite://…`); overrides the SQLite default.
+    #[arg(long, env = "HERALD_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Bearer token for /admin. Generated and printed once when absent (SQLite only).
+    #[arg(long, env = "HERALD_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Create a public tenant `demo` if it does not exist, and print its publish key.
+    #[arg(long, env = "HERALD_DEMO")]
+    pub demo: bool,
+    /// Listen backlog (the kernel caps it at net.core.somaxconn).
+    #[arg(long, env = "HERALD_LISTEN_BACKLOG", default_value_t = 4096)]
+    pub listen_backlog: u32,
+    /// Set SO_REUSEPORT so several Herald processes can share the port.
+    #[arg(long, env = "HERALD_REUSE_PORT")]
+    pub reuse_port: bool,
+    /// Connections across all tenants; default and ceiling: what the open-files limit allows.
+    #[arg(long, env = "HERALD_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Refuse new connections (503 / 1013) when the process RSS passes this many MiB.
+    #[arg(long, env = "HERALD_MEMORY_BUDGET_MIB")]
+    pub memory_budget_mib: Option<u64>,
+    /// Seconds between heartbeats (WebSocket ping, SSE comment).
+    #[arg(long, env = "HERALD_HEARTBEAT_SECS", default_value_t = 25)]
+    pub heartbeat_secs: u64,
+    /// Seconds that sessions get to close at shutdown.
+    #[arg(long, env = "HERALD_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
+    pub shutdown_grace_secs: u64,
+    /// Log filter (tracing `EnvFilter` syntax).
+    #[arg(long, env = "HERALD_LOG", default_value = "info")]
+    pub log: String,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// Defaults for every tenant; each can be overridden per tenant via the admin API.
+#[derive(Debug, Clone, Args)]
+pub struct LimitArgs {
+    /// Connections per tenant (default: no limit below the global one).
+    #[arg(long, env = "HERALD_TENANT_MAX_CONNECTIONS")]
+    pub tenant_max_connections: Option<usize>,
+    /// Subscriptions per connection.
+    #[arg(long, env = "HERALD_MAX_SUBSCRIPTIONS", default_value_t = 128)]
+    pub max_subscriptions: usize,
+    /// Largest client frame and published payload, in bytes.
+    #[arg(long, env = "HERALD_MAX_MESSAGE_BYTES", default_value_t = 65_536)]
+    pub max_message_bytes: usize,
+    /// Outbound queue per session, in bytes.
+    #[arg(long, env = "HERALD_QUEUE_BYTES", default_value_t = 262_144)]
+    pub queue_bytes: usize,
+    /// What a full session queue does: conflate, drop-oldest or disconnect.
+    #[arg(long, env = "HERALD_SLOW_CONSUMER", default_value = "conflate", value_parser = parse_policy)]
+    pub slow_consumer: SlowConsumer,
+    /// Published messages per second per tenant (sustained).
+    #[arg(long, env = "HERALD_PUBLISH_RATE", default_value_t = 10_000.0)]
+    pub publish_rate: f64,
+    /// Publish burst per tenant above the sustained rate.
+    #[arg(long, env = "HERALD_PUBLISH_BURST", default_value_t = 20_000)]
+    pub publish_burst: u32,
+    /// Messages kept per channel for resume.
+    #[arg(long, env = "HERALD_HISTORY_SIZE", default_value_t = 100)]
+    pub history_size: usize,
+    /// Age after which history is dropped, in seconds.
+    #[arg(long, env = "HERALD_HISTORY_TTL_SECS", default_value_t = 300)]
+    pub history_ttl_secs: u64,
+}
+
+fn parse_policy(s: &str) -> Result<SlowConsumer, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| format!("{s:?} is not one of conflate, drop-oldest, disconnect"))
+}
+
+/// Everything `run` needs, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub database_url: Option<String>,
+    pub admin_token: Option<String>,
+    pub demo_tenant: bool,
+    /// `None`: derived from the open-files limit at start.
+    pub max_connections: Option<usize>,
+    pub memory_budget_bytes: Option<u64>,
+    pub heartbeat: Duration,
+    pub shutdown_grace: Duration,
+    pub limits: TenantLimits,
+}
+
+impl ServeArgs {
+    /// Checks the flags and builds the [`Config`]; errors name the flag.
+    pub fn to_config(&self) -> Result<Config, String> {
+        let l = &self.limits;
+        if l.max_message_bytes < 64 {
+            return Err("--max-message-bytes must be at least 64".into());
+        }
+        if l.queue_bytes < l.max_message_bytes {
+            return Err("--queue-bytes must be at least --max-message-bytes, or one message could never be queued".into());
+        }
+        if !(l.publish_rate > 0.0 && l.publish_rate.is_finite()) {
+            return Err("--publish-rate must be a positive number".into());
+        }
+        if self.heartbeat_secs == 0 {
+            return Err("--heartbeat-secs must be at least 1".into());
+        }
+        if let Some(t) = &self.admin_token {
+            if t.len() < 16 {
+                return Err("--admin-token must be at least 16 characters".into());
+            }
+        }
+        if self.database_url.is_some() && self.admin_token.is_none() {
+            return Err("--admin-token is required with --database-url (it is generated only for the embedded SQLite default)".into());
+        }
+        Ok(Config {
+            data_dir: self.data_dir.clone(),
+            database_url: self.database_url.clone(),
+            admin_token: self.admin_token.clone(),
+            demo_tenant: self.demo,
+            max_connections: self.max_connections,
+            memory_budget_bytes: self.memory_budget_mib.map(|m| m * 1024 * 1024),
+            heartbeat: Duration::from_secs(self.heartbeat_secs),
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+            limits: TenantLimits {
+                max_connections: l.tenant_max_connections,
+                max_subscriptions: l.max_subscriptions,
+                max_message_bytes: l.max_message_bytes,
+                queue_bytes: l.queue_bytes,
+                slow_consumer: l.slow_consumer,
+                publish_rate: l.publish_rate,
+                publish_burst: l.publish_burst,
+                history_size: l.history_size,
+                history_ttl_ms: l.history_ttl_secs * 1000,
+            },
+        })
+    }
+}
+
+impl Config {
+    /// A configuration for tests and embedding: SQLite in `data_dir`, defaults
+    /// as the command line would give them.
+    pub fn for_data_dir(data_dir: impl Into<PathBuf>) -> Config {
+        let cli = Cli::parse_from(["herald", "serve"]);
+        let Command::Serve(args) = cli.command;
+        let mut c = args.to_config().expect("defaults are valid");
+        c.data_dir = data_dir.into();
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, String> {
+        let mut v = vec!["herald", "serve"];
+        v.extend_from_slice(args);
+        let Command::Serve(a) = Cli::try_parse_from(v).map_err(|e| e.to_string())?.command;
+        a.to_config()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.limits.slow_consumer, SlowConsumer::Conflate);
+        assert_eq!(c.heartbeat, Duration::from_secs(25));
+    }
+
+    #[test]
+    fn bad_flags_name_themselves() {
+        assert!(parse(&["--slow-consumer", "explode"]).unwrap_err().contains("explode"));
+        assert!(parse(&["--queue-bytes", "100"]).unwrap_err().contains("--queue-bytes"));
+        assert!(parse(&["--database-url", "postgres://x"]).unwrap_err().contains("--admin-token"));
+        assert!(parse(&["--admin-token", "short"]).unwrap_err().contains("16"));
+        assert_eq!(parse(&["--slow-consumer", "drop-oldest"]).unwrap().limits.slow_consumer, SlowConsumer::DropOldest);
+    }
+}

@@ -1,0 +1,270 @@
+//! A session's bounded outbound queue and its overflow policy, without I/O.
+//!
+//! Owns: the byte bound, the slow-consumer policy, and the accounting that
+//! tells the caller what the policy did. Invariants: queued bytes never exceed
+//! the bound by more than one control frame; messages of one channel stay in
+//! `seq` order (conflation removes the older entry and appends the newer, it
+//! never moves a message ahead of another of its channel). An empty queue holds
+//! no allocation. Must never block, and never wait on a socket.
+
+use super::Published;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// What happens when a session's queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum SlowConsumer {
+    /// Keep only the latest message per (channel, conflation key); messages
+    /// without a key fall back to dropping the oldest.
+    #[default]
+    Conflate,
+    /// Drop the oldest queued messages to make room.
+    DropOldest,
+    /// Close the session with close code 4001.
+    Disconnect,
+}
+
+impl SlowConsumer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SlowConsumer::Conflate => "conflate",
+            SlowConsumer::DropOldest => "drop-oldest",
+            SlowConsumer::Disconnect => "disconnect",
+        }
+    }
+}
+
+/// The wire format of a session; decides which encoding of a message it sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    Ws,
+    Sse,
+}
+
+/// One queued frame.
+#[derive(Debug, Clone)]
+pub enum Item {
+    /// A channel message, encoded once and shared by every subscriber.
+    Msg(Arc<Published>),
+    /// A frame for this session alone (ack, err, gap, pong), already encoded
+    /// for the session's wire format.
+    Ctrl(Bytes),
+}
+
+impl Item {
+    pub fn wire_len(&self, wire: Wire) -> usize {
+        match self {
+            Item::Msg(m) => m.wire_bytes(wire).len(),
+            Item::Ctrl(b) => b.len(),
+        }
+    }
+}
+
+/// What a push did, so the caller can count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushOutcome {
+    Queued,
+    /// Queued after removing `n` older messages with the same conflation key.
+    Conflated(usize),
+    /// Queued after dropping the `n` oldest messages.
+    DroppedOldest(usize),
+    /// The policy is `disconnect` (or nothing could be dropped): the session
+    /// must close. The item was not queued.
+    Overflow,
+}
+
+#[derive(Debug, Default)]
+pub struct OutQueue {
+    items: VecDeque<Item>,
+    bytes: usize,
+}
+
+impl OutQueue {
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Queues `item`, applying `policy` if that would exceed `limit` bytes.
+    pub fn push(&mut self, item: Item, wire: Wire, limit: usize, policy: SlowConsumer) -> PushOutcome {
+        let len = item.wire_len(wire);
+        if self.bytes + len <= limit {
+            return self.append(item, len, PushOutcome::Queued);
+        }
+        if let Item::Ctrl(_) = item {
+            // Control frames answer the client's own requests; a little slack
+            // keeps an ack from being lost, but a client that floods requests
+            // without reading is closed rather than buffered without bound.
+            if self.bytes + len <= limit + limit / 4 {
+                return self.append(item, len, PushOutcome::Queued);
+            }
+            return PushOutcome::Overflow;
+        }
+        match policy {
+            SlowConsumer::Disconnect => PushOutcome::Overflow,
+            SlowConsumer::Conflate => {
+                let removed = self.remove_same_key(&item, wire);
+                if removed > 0 && self.bytes + len <= limit {
+                    return self.append(item, len, PushOutcome::Conflated(removed));
+                }
+                match self.drop_oldest_until(len, limit, wire) {
+                    Some(dropped) if removed > 0 || dropped > 0 => {
+                        self.append(item, len, PushOutcome::Conflated(removed + dropped))
+                    }
+                    Some(_) => self.append(item, len, PushOutcome::Queued),
+                    None => PushOutcome::Overflow,
+                }
+            }
+            SlowConsumer::DropOldest => match self.drop_oldest_until(len, limit, wire) {
+                Some(dropped) => self.append(item, len, PushOutcome::DroppedOldest(dropped)),
+                None => PushOutcome::Overflow,
+            },
+        }
+    }
+
+    fn append(&mut self, item: Item, len: usize, outcome: PushOutcome) -> PushOutcome {
+        self.bytes += len;
+        self.items.push_back(item);
+        outcome
+    }
+
+    fn remove_same_key(&mut self, item: &Item, wire: Wire) -> usize {
+        let Item::Msg(new) = item else { return 0 };
+        let Some(key) = new.key.as_deref() else { return 0 };
+        let before = self.items.len();
+        let mut freed = 0;
+        self.items.retain(|q| match q {
+            Item::Msg(old) if old.key.as_deref() == Some(key) && old.ch == new.ch => {
+                freed += old.wire_bytes(wire).len();
+                false
+            }
+            _ => true,
+        });
+        self.bytes -= freed;
+        before - self.items.len()
+    }
+
+    /// Drops the oldest messages (never control frames) until `len` more bytes
+    /// fit. Returns how many were dropped, or `None` if they cannot fit.
+    fn drop_oldest_until(&mut self, len: usize, limit: usize, wire: Wire) -> Option<usize> {
+        if len > limit {
+            return None;
+        }
+        let mut dropped = 0;
+        let mut i = 0;
+        while self.bytes + len > limit && i < self.items.len() {
+            if let Item::Msg(m) = &self.items[i] {
+                self.bytes -= m.wire_bytes(wire).len();
+                self.items.remove(i);
+                dropped += 1;
+            } else {
+                i += 1;
+            }
+        }
+        (self.bytes + len <= limit).then_some(dropped)
+    }
+
+    /// Takes everything queued, leaving an empty queue that holds no memory.
+    pub fn take(&mut self) -> VecDeque<Item> {
+        self.bytes = 0;
+        std::mem::take(&mut self.items)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fanout::Published;
+
+    fn msg(ch: &str, seq: u64, key: Option<&str>, size: usize) -> Item {
+        Item::Msg(Arc::new(Published::for_test(ch, seq, key, size)))
+    }
+
+    fn seqs(q: &mut OutQueue) -> Vec<u64> {
+        q.take()
+            .into_iter()
+            .filter_map(|i| match i {
+                Item::Msg(m) => Some(m.seq),
+                Item::Ctrl(_) => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn under_limit_everything_queues() {
+        let mut q = OutQueue::default();
+        for s in 1..=3 {
+            assert_eq!(q.push(msg("a", s, None, 10), Wire::Ws, 100, SlowConsumer::Disconnect), PushOutcome::Queued);
+        }
+        assert_eq!(q.bytes(), 30);
+        assert_eq!(seqs(&mut q), vec![1, 2, 3]);
+        assert_eq!(q.bytes(), 0);
+    }
+
+    #[test]
+    fn disconnect_policy_overflows() {
+        let mut q = OutQueue::default();
+        q.push(msg("a", 1, None, 60), Wire::Ws, 100, SlowConsumer::Disconnect);
+        assert_eq!(q.push(msg("a", 2, None, 60), Wire::Ws, 100, SlowConsumer::Disconnect), PushOutcome::Overflow);
+    }
+
+    #[test]
+    fn drop_oldest_keeps_newest_and_bound() {
+        let mut q = OutQueue::default();
+        for s in 1..=10 {
+            q.push(msg("a", s, None, 30), Wire::Ws, 100, SlowConsumer::DropOldest);
+            assert!(q.bytes() <= 100);
+        }
+        assert_eq!(seqs(&mut q), vec![8, 9, 10]);
+    }
+
+    #[test]
+    fn conflate_keeps_latest_per_key_in_order() {
+        let mut q = OutQueue::default();
+        let p = SlowConsumer::Conflate;
+        q.push(msg("t", 1, Some("AAPL"), 30), Wire::Ws, 100, p);
+        q.push(msg("t", 2, Some("MSFT"), 30), Wire::Ws, 100, p);
+        q.push(msg("t", 3, Some("GOOG"), 30), Wire::Ws, 100, p);
+        assert_eq!(q.push(msg("t", 4, Some("AAPL"), 30), Wire::Ws, 100, p), PushOutcome::Conflated(1));
+        assert_eq!(q.push(msg("t", 5, Some("MSFT"), 30), Wire::Ws, 100, p), PushOutcome::Conflated(1));
+        // Same key on another channel is another stream.
+        assert!(matches!(q.push(msg("u", 6, Some("AAPL"), 30), Wire::Ws, 100, p), PushOutcome::Conflated(_)));
+        let s = seqs(&mut q);
+        assert!(s.windows(2).all(|w| w[0] < w[1]), "order kept: {s:?}");
+        assert!(s.contains(&5) && s.contains(&6));
+    }
+
+    #[test]
+    fn control_frames_survive_message_drops() {
+        let mut q = OutQueue::default();
+        q.push(Item::Ctrl(Bytes::from_static(&[0; 20])), Wire::Ws, 100, SlowConsumer::DropOldest);
+        for s in 1..=5 {
+            q.push(msg("a", s, None, 30), Wire::Ws, 100, SlowConsumer::DropOldest);
+        }
+        let items = q.take();
+        assert!(matches!(items[0], Item::Ctrl(_)));
+        // Flooding control frames past the slack overflows.
+        let mut q = OutQueue::default();
+        let mut last = PushOutcome::Queued;
+        for _ in 0..20 {
+            last = q.push(Item::Ctrl(Bytes::from_static(&[0; 10])), Wire::Ws, 100, SlowConsumer::Conflate);
+        }
+        assert_eq!(last, PushOutcome::Overflow);
+    }
+
+    #[test]
+    fn message_larger_than_queue_overflows() {
+        let mut q = OutQueue::default();
+        assert_eq!(q.push(msg("a", 1, None, 200), Wire::Ws, 100, SlowConsumer::DropOldest), PushOutcome::Overflow);
+    }
+}

@@ -1,0 +1,132 @@
+//! The shared half of a session: its bounded outbound queue and the signal
+//! that wakes its writer.
+//!
+//! Owns: what channels and the session's own reader push, and the decision
+//! (through [`OutQueue`]) of what a full queue does. Invariants: a push never
+//! blocks on I/O; once a session is closed nothing more is queued; the writer
+//! is woken for every push that changed the queue. The socket half lives in
+//! `server::session`.
+
+use super::queue::{Item, OutQueue, PushOutcome, SlowConsumer, Wire};
+use super::Published;
+use crate::proto::{sse, ws};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+/// Why the host is closing a session from the queue side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueClose {
+    /// The queue overflowed under the `disconnect` policy, or a single frame
+    /// was larger than the whole queue.
+    SlowConsumer,
+    /// The session ended for another reason (client left, shutdown).
+    Ended,
+}
+
+/// What delivering one message to one session did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    Queued,
+    Conflated(usize),
+    DroppedOldest(usize),
+    /// This push closed the session; it should leave the channel.
+    Disconnected,
+    /// The session was already closed.
+    Closed,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    queue: OutQueue,
+    closed: Option<QueueClose>,
+}
+
+#[derive(Debug)]
+pub struct SessionHandle {
+    wire: Wire,
+    limit_bytes: usize,
+    policy: SlowConsumer,
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+impl SessionHandle {
+    pub fn new(wire: Wire, limit_bytes: usize, policy: SlowConsumer) -> Arc<SessionHandle> {
+        Arc::new(SessionHandle { wire, limit_bytes, policy, state: Mutex::default(), wake: Notify::new() })
+    }
+
+    pub fn wire(&self) -> Wire {
+        self.wire
+    }
+
+    pub fn policy(&self) -> SlowConsumer {
+        self.policy
+    }
+
+    fn push(&self, item: Item) -> Delivery {
+        let mut st = self.state.lock();
+        if st.closed.is_some() {
+            return Delivery::Closed;
+        }
+        let d = match st.queue.push(item, self.wire, self.limit_bytes, self.policy) {
+            PushOutcome::Queued => Delivery::Queued,
+            PushOutcome::Conflated(n) => Delivery::Conflated(n),
+            PushOutcome::DroppedOldest(n) => Delivery::DroppedOldest(n),
+            PushOutcome::Overflow => {
+                st.closed = Some(QueueClose::SlowConsumer);
+                st.queue.take();
+                Delivery::Disconnected
+            }
+        };
+        drop(st);
+        self.wake.notify_one();
+        d
+    }
+
+    pub fn deliver_msg(&self, m: &Arc<Published>) -> Delivery {
+        self.push(Item::Msg(m.clone()))
+    }
+
+    /// Queues a control frame (`op` names the SSE event), encoded for this
+    /// session's wire format.
+    pub fn deliver_ctrl(&self, op: &str, json: &str) -> Delivery {
+        let bytes = match self.wire {
+            Wire::Ws => ws::encode_frame(ws::OpCode::Text, json.as_bytes()),
+            Wire::Sse => sse::encode_event(op, json),
+        };
+        self.push(Item::Ctrl(bytes))
+    }
+
+    /// Queues bytes already in this session's wire format (pong, heartbeat).
+    pub fn deliver_raw(&self, bytes: Bytes) -> Delivery {
+        self.push(Item::Ctrl(bytes))
+    }
+
+    /// Everything queued so far; the writer sends it in as few writes as it can.
+    pub fn take_queued(&self) -> VecDeque<Item> {
+        self.state.lock().queue.take()
+    }
+
+    pub fn queued_bytes(&self) -> usize {
+        self.state.lock().queue.bytes()
+    }
+
+    pub fn close_reason(&self) -> Option<QueueClose> {
+        self.state.lock().closed
+    }
+
+    /// Marks the session closed so channels stop queueing to it.
+    pub fn close(&self) {
+        let mut st = self.state.lock();
+        st.closed.get_or_insert(QueueClose::Ended);
+        st.queue.take();
+    }
+
+    /// Resolves once something was queued since the last call.
+    pub async fn woken(&self) {
+        self.wake.notified().await
+    }
+}

@@ -1,0 +1,175 @@
+//! Herald: a multi-tenant real-time push server.
+//!
+//! The server is a library; `main.rs` only parses flags and wires signals.
+//! [`run`] is the one entry point: tests call it with a port-0 listener and
+//! their own shutdown future. See ARCHITECTURE.md for the code map.
+
+pub mod api;
+pub mod app;
+pub mod config;
+pub mod fanout;
+pub mod metrics;
+pub mod proto;
+pub mod ratelimit;
+pub mod registry;
+pub mod server;
+pub mod tenant;
+
+use anyhow::Context as _;
+use app::App;
+use config::Config;
+use registry::{now_ms, Backend, Registry};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tenant::{key_digest, Capacity};
+use tokio::net::TcpListener;
+
+/// File descriptors kept back from the connection capacity for the registry,
+/// logs, the listener and accepting-to-refuse over-capacity clients.
+const FD_RESERVE: u64 = 100;
+
+/// Raises RLIMIT_NOFILE's soft limit to its hard limit; returns the soft limit
+/// now in force. Call once at process start.
+pub fn raise_nofile_limit() -> std::io::Result<u64> {
+    rlimit::increase_nofile_limit(u64::MAX)
+}
+
+/// Binds the listener with an explicit backlog (and SO_REUSEPORT when asked).
+pub fn bind(addr: SocketAddr, backlog: u32, reuse_port: bool) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(backlog.min(i32::MAX as u32) as i32)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// Connection capacity allowed by the open-files limit now in force.
+fn fd_capacity() -> usize {
+    let (soft, _) = rlimit::getrlimit(rlimit::Resource::NOFILE).unwrap_or((1024, 1024));
+    soft.saturating_sub(FD_RESERVE).max(1) as usize
+}
+
+async fn resolve_admin_token(config: &Config, registry: &Registry) -> anyhow::Result<[u8; 32]> {
+    if let Some(t) = &config.admin_token {
+        return Ok(key_digest(t));
+    }
+    if registry.backend() != Backend::Sqlite {
+        anyhow::bail!("--admin-token is required with a shared registry");
+    }
+    if let Some(stored) = registry.get_setting("admin_token_sha256").await? {
+        let mut d = [0u8; 32];
+        for (i, chunk) in stored.as_bytes().chunks(2).enumerate().take(32) {
+            d[i] = u8::from_str_radix(std::str::from_utf8(chunk)?, 16).context("stored admin token digest")?;
+        }
+        tracing::info!("admin token: the one printed at first start (pass --admin-token to replace it)");
+        return Ok(d);
+    }
+    let token = app::new_secret("adm_");
+    let digest = key_digest(&token);
+    registry.put_setting("admin_token_sha256", &app::hex(&digest)).await?;
+    // Printed once, on stdout, like a generated password; only its digest is stored.
+    println!("herald: generated admin token (shown once, keep it): {token}");
+    Ok(digest)
+}
+
+fn read_rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Runs the server on `listener` until `shutdown` resolves, then drains.
+pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+    let metrics_handle = metrics::install();
+    let registry = Registry::open(config.database_url.as_deref(), &config.data_dir)
+        .await
+        .context("opening the registry")?;
+    let admin = resolve_admin_token(&config, &registry).await?;
+    let fd_cap = fd_capacity();
+    let max = match config.max_connections {
+        Some(m) if m > fd_cap => {
+            tracing::warn!(requested = m, allowed = fd_cap, "--max-connections exceeds what the open-files limit allows; capped");
+            fd_cap
+        }
+        Some(m) => m,
+        None => fd_cap,
+    };
+    metrics::set_capacity(max);
+    let app = Arc::new(App::new(config, registry, Capacity::new(max), admin, metrics_handle));
+    let loaded = app.load_tenants().await.context("loading tenants")?;
+    if app.config.demo_tenant {
+        if let Some(key) = app.ensure_demo_tenant().await.context("creating the demo tenant")? {
+            println!("herald: created public tenant \"demo\"; its publish key (shown once): {key}");
+        }
+    }
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, tenants = loaded, connection_capacity = max, "herald listening");
+
+    let watchers = tokio_util::task::TaskTracker::new();
+    watchers.spawn(watch_memory(app.clone()));
+    watchers.spawn(sweep_channels(app.clone()));
+
+    let router = api::router(app.clone());
+    app.set_ready(true);
+    let accept = tokio::spawn(server::accept_loop(app.clone(), listener, router));
+
+    shutdown.await;
+    tracing::info!("shutting down: readiness off, closing sessions");
+    app.set_ready(false);
+    app.shutdown.cancel();
+    let _ = accept.await;
+    app.tracker.close();
+    let grace = app.config.shutdown_grace;
+    if tokio::time::timeout(grace, app.tracker.wait()).await.is_err() {
+        tracing::warn!(remaining = app.tracker.len(), "sessions still open at the shutdown deadline; dropping them");
+    }
+    watchers.close();
+    watchers.wait().await;
+    app.registry.close().await;
+    tracing::info!("shutdown complete");
+    Ok(())
+}
+
+async fn watch_memory(app: Arc<App>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = app.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let Some(rss) = read_rss_bytes() else { continue };
+        metrics::set_rss(rss);
+        if let Some(budget) = app.config.memory_budget_bytes {
+            let over = rss >= budget / 100 * 95;
+            if over != app.over_memory() {
+                if over {
+                    tracing::warn!(rss, budget, "near the memory budget: refusing new connections");
+                } else {
+                    tracing::info!(rss, budget, "back under the memory budget: accepting connections");
+                }
+                app.set_over_memory(over);
+            }
+        }
+    }
+}
+
+async fn sweep_channels(app: Arc<App>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        tokio::select! {
+            _ = app.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = now_ms() as u64;
+        for t in app.tenants.all() {
+            t.hub.sweep(t.settings().limits.history(), now);
+        }
+    }
+}

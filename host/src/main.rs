@@ -1,0 +1,46 @@
+//! The `herald` binary: parses flags, sets up logging and signals, calls `run`.
+
+use anyhow::Context as _;
+use clap::Parser;
+use herald::config::{Cli, Command};
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let Command::Serve(args) = cli.command;
+    let config = match args.to_config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("herald: {e}");
+            std::process::exit(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).context("--log")?)
+        .init();
+    match herald::raise_nofile_limit() {
+        Ok(n) => tracing::info!(open_files = n, "raised the open-files limit to its hard limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let listener = herald::bind(args.listen, args.listen_backlog, args.reuse_port)
+            .with_context(|| format!("binding {}", args.listen))?;
+        herald::run(config, listener, shutdown_signal()).await
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the server");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}

@@ -1,0 +1,96 @@
+//! Prometheus metrics: one recorder per process, handles per tenant.
+//!
+//! Owns: metric names and labels. Invariants: labels are tenant ids and small
+//! fixed enums only (never channel or connection ids); hot paths hold
+//! pre-registered handles, so counting a frame is one atomic add.
+
+use metrics::{counter, gauge, Counter, Gauge};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide recorder once; later calls reuse it (tests run
+/// several hosts in one process).
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Fails only if another recorder was installed first, in which
+            // case our handle renders nothing: say so rather than hide it.
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
+            }
+            handle
+        })
+        .clone()
+}
+
+/// Handles for one tenant's hot-path counters.
+pub struct TenantMetrics {
+    pub connections: Gauge,
+    pub opened_ws: Counter,
+    pub opened_sse: Counter,
+    pub subscriptions: Gauge,
+    pub frames_sent: Counter,
+    pub writes: Counter,
+    pub published: Counter,
+    pub conflated: Counter,
+    pub dropped: Counter,
+    pub disconnected: Counter,
+    tenant: String,
+}
+
+impl TenantMetrics {
+    pub fn new(tenant: &str) -> TenantMetrics {
+        let t = tenant.to_string();
+        let slow = |action: &'static str| counter!("herald_slow_consumer_total", "tenant" => t.clone(), "action" => action);
+        TenantMetrics {
+            connections: gauge!("herald_connections", "tenant" => t.clone()),
+            opened_ws: counter!("herald_connections_opened_total", "tenant" => t.clone(), "transport" => "ws"),
+            opened_sse: counter!("herald_connections_opened_total", "tenant" => t.clone(), "transport" => "sse"),
+            subscriptions: gauge!("herald_subscriptions", "tenant" => t.clone()),
+            frames_sent: counter!("herald_frames_sent_total", "tenant" => t.clone()),
+            writes: counter!("herald_socket_writes_total", "tenant" => t.clone()),
+            published: counter!("herald_messages_published_total", "tenant" => t.clone()),
+            conflated: slow("conflated"),
+            dropped: slow("dropped"),
+            disconnected: slow("disconnected"),
+            tenant: t,
+        }
+    }
+
+    pub fn refused(&self, reason: &'static str) {
+        counter!("herald_connections_refused_total", "tenant" => self.tenant.clone(), "reason" => reason).increment(1);
+    }
+
+    pub fn client_error(&self, code: &'static str) {
+        counter!("herald_client_errors_total", "tenant" => self.tenant.clone(), "code" => code).increment(1);
+    }
+
+    pub fn publish_rejected(&self, reason: &'static str) {
+        counter!("herald_publish_rejected_total", "tenant" => self.tenant.clone(), "reason" => reason).increment(1);
+    }
+
+    pub fn closed(&self, reason: &'static str) {
+        counter!("herald_sessions_closed_total", "tenant" => self.tenant.clone(), "reason" => reason).increment(1);
+    }
+}
+
+/// Process-wide events without a tenant.
+pub fn accept_error(kind: &'static str) {
+    counter!("herald_accept_errors_total", "kind" => kind).increment(1);
+}
+
+pub fn refused_global(reason: &'static str) {
+    counter!("herald_connections_refused_total", "tenant" => "", "reason" => reason).increment(1);
+}
+
+pub fn set_capacity(max: usize) {
+    gauge!("herald_connection_capacity").set(max as f64);
+}
+
+pub fn set_rss(bytes: u64) {
+    gauge!("herald_process_rss_bytes").set(bytes as f64);
+}

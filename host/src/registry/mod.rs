@@ -1,0 +1,206 @@
+//! The registry: tenants and settings in SQLite (embedded default) or Postgres.
+//!
+//! Owns: the schema (migrations under `migrations/sqlite` and
+//! `migrations/postgres`, the same tables on both) and every SQL statement.
+//! Invariants: migrations run before any other query; errors callers branch on
+//! (`Conflict`, `NotFound`) are variants, everything else is `Database`.
+//! Must never be called while a fan-out lock is held.
+
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("{0} already exists")]
+    Conflict(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("registry data is corrupt: {0}")]
+    Corrupt(String),
+    #[error("registry database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("registry migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// Which database backs the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A tenant row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantRecord {
+    pub id: String,
+    pub access: String,
+    pub config: serde_json::Value,
+    pub limits: serde_json::Value,
+    pub publish_key_sha256: String,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+#[derive(Clone)]
+pub struct Registry {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Registry {
+    /// Opens (creating when needed) and migrates the registry. `url` overrides
+    /// the SQLite file in `data_dir`.
+    pub async fn open(url: Option<&str>, data_dir: &Path) -> Result<Registry, RegistryError> {
+        sqlx::any::install_default_drivers();
+        let url = match url {
+            Some(u) => u.to_string(),
+            None => {
+                std::fs::create_dir_all(data_dir).map_err(|e| {
+                    RegistryError::Database(sqlx::Error::Configuration(
+                        format!("cannot create data dir {}: {e}", data_dir.display()).into(),
+                    ))
+                })?;
+                format!("sqlite://{}?mode=rwc", data_dir.join("registry.db").display())
+            }
+        };
+        let backend = if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Backend::Postgres
+        } else if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else {
+            return Err(RegistryError::Database(sqlx::Error::Configuration(
+                "database url must start with postgres:// or sqlite://".into(),
+            )));
+        };
+        let max = if backend == Backend::Sqlite { 1 } else { 8 };
+        let pool = AnyPoolOptions::new().max_connections(max).connect(&url).await?;
+        match backend {
+            Backend::Sqlite => sqlx::migrate!("../migrations/sqlite").run(&pool).await?,
+            Backend::Postgres => sqlx::migrate!("../migrations/postgres").run(&pool).await?,
+        }
+        Ok(Registry { pool, backend })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    fn tenant_from_row(row: &AnyRow) -> Result<TenantRecord, RegistryError> {
+        let json = |col: &str| -> Result<serde_json::Value, RegistryError> {
+            let s: String = row.try_get(col)?;
+            serde_json::from_str(&s).map_err(|e| RegistryError::Corrupt(format!("tenants.{col}: {e}")))
+        };
+        Ok(TenantRecord {
+            id: row.try_get("id")?,
+            access: row.try_get("access")?,
+            config: json("config")?,
+            limits: json("limits")?,
+            publish_key_sha256: row.try_get("publish_key_sha256")?,
+            created_at_ms: row.try_get("created_at")?,
+            updated_at_ms: row.try_get("updated_at")?,
+        })
+    }
+
+    pub async fn list_tenants(&self) -> Result<Vec<TenantRecord>, RegistryError> {
+        let rows = sqlx::query(
+            "SELECT id, access, config, limits, publish_key_sha256, created_at, updated_at FROM tenants ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(Self::tenant_from_row).collect()
+    }
+
+    pub async fn get_tenant(&self, id: &str) -> Result<TenantRecord, RegistryError> {
+        let row = sqlx::query(
+            "SELECT id, access, config, limits, publish_key_sha256, created_at, updated_at FROM tenants WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| RegistryError::NotFound(format!("tenant {id:?}")))?;
+        Self::tenant_from_row(&row)
+    }
+
+    pub async fn create_tenant(&self, t: &TenantRecord) -> Result<(), RegistryError> {
+        let r = sqlx::query(
+            "INSERT INTO tenants (id, access, config, limits, publish_key_sha256, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(&t.id)
+        .bind(&t.access)
+        .bind(t.config.to_string())
+        .bind(t.limits.to_string())
+        .bind(&t.publish_key_sha256)
+        .bind(t.created_at_ms)
+        .bind(t.updated_at_ms)
+        .execute(&self.pool)
+        .await;
+        match r {
+            Ok(_) => Ok(()),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                Err(RegistryError::Conflict(format!("tenant {:?}", t.id)))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn update_tenant(&self, t: &TenantRecord) -> Result<(), RegistryError> {
+        let r = sqlx::query(
+            "UPDATE tenants SET access = $1, config = $2, limits = $3, publish_key_sha256 = $4, updated_at = $5 \
+             WHERE id = $6",
+        )
+        .bind(&t.access)
+        .bind(t.config.to_string())
+        .bind(t.limits.to_string())
+        .bind(&t.publish_key_sha256)
+        .bind(t.updated_at_ms)
+        .bind(&t.id)
+        .execute(&self.pool)
+        .await?;
+        if r.rows_affected() == 0 {
+            return Err(RegistryError::NotFound(format!("tenant {:?}", t.id)));
+        }
+        Ok(())
+    }
+
+    pub async fn delete_tenant(&self, id: &str) -> Result<(), RegistryError> {
+        let r = sqlx::query("DELETE FROM tenants WHERE id = $1").bind(id).execute(&self.pool).await?;
+        if r.rows_affected() == 0 {
+            return Err(RegistryError::NotFound(format!("tenant {id:?}")));
+        }
+        Ok(())
+    }
+
+    pub async fn get_setting(&self, name: &str) -> Result<Option<String>, RegistryError> {
+        let row = sqlx::query("SELECT value FROM settings WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.try_get("value")).transpose()?)
+    }
+
+    pub async fn put_setting(&self, name: &str, value: &str) -> Result<(), RegistryError> {
+        sqlx::query(
+            "INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        )
+        .bind(name)
+        .bind(value)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,67 @@
+//! Schema tests, run against SQLite always and against Postgres when
+//! `HERALD_TEST_POSTGRES_URL` names a throwaway database (the test script
+//! starts one).
+
+use super::*;
+
+fn record(id: &str) -> TenantRecord {
+    TenantRecord {
+        id: id.into(),
+        access: "public".into(),
+        config: serde_json::json!({"a": 1}),
+        limits: serde_json::json!({"queue_bytes": 100000}),
+        publish_key_sha256: "00".repeat(32),
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    }
+}
+
+async fn exercise(reg: &Registry, prefix: &str) {
+    let a = record(&format!("{prefix}a"));
+    reg.create_tenant(&a).await.unwrap();
+    assert!(matches!(reg.create_tenant(&a).await, Err(RegistryError::Conflict(_))));
+    assert_eq!(reg.get_tenant(&a.id).await.unwrap(), a);
+    let mut changed = a.clone();
+    changed.access = "plugin".into();
+    changed.updated_at_ms = 2;
+    reg.update_tenant(&changed).await.unwrap();
+    assert_eq!(reg.get_tenant(&a.id).await.unwrap().access, "plugin");
+    assert!(reg.list_tenants().await.unwrap().iter().any(|t| t.id == a.id));
+    assert!(matches!(reg.update_tenant(&record(&format!("{prefix}zz"))).await, Err(RegistryError::NotFound(_))));
+    reg.delete_tenant(&a.id).await.unwrap();
+    assert!(matches!(reg.delete_tenant(&a.id).await, Err(RegistryError::NotFound(_))));
+    assert!(matches!(reg.get_tenant(&a.id).await, Err(RegistryError::NotFound(_))));
+    let key = format!("{prefix}k");
+    assert_eq!(reg.get_setting(&key).await.unwrap(), None);
+    reg.put_setting(&key, "v1").await.unwrap();
+    reg.put_setting(&key, "v2").await.unwrap();
+    assert_eq!(reg.get_setting(&key).await.unwrap().as_deref(), Some("v2"));
+}
+
+#[tokio::test]
+async fn sqlite_schema_works_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = Registry::open(None, dir.path()).await.unwrap();
+    assert_eq!(reg.backend(), Backend::Sqlite);
+    exercise(&reg, "s").await;
+    reg.create_tenant(&record("kept")).await.unwrap();
+    reg.close().await;
+    let again = Registry::open(None, dir.path()).await.unwrap();
+    assert_eq!(again.get_tenant("kept").await.unwrap().config, serde_json::json!({"a": 1}));
+}
+
+#[tokio::test]
+async fn postgres_schema_works() {
+    let Ok(url) = std::env::var("HERALD_TEST_POSTGRES_URL") else {
+        if std::env::var("HERALD_REQUIRE_POSTGRES").is_ok() {
+            panic!("HERALD_REQUIRE_POSTGRES is set but HERALD_TEST_POSTGRES_URL is not");
+        }
+        eprintln!("skipping: HERALD_TEST_POSTGRES_URL not set");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let reg = Registry::open(Some(&url), dir.path()).await.unwrap();
+    assert_eq!(reg.backend(), Backend::Postgres);
+    let prefix = format!("p{}-", rand::random::<u32>());
+    exercise(&reg, &prefix).await;
+}

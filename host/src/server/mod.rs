@@ -1,0 +1,294 @@
+//! The listener and the front door.
+//!
+//! Owns: accepting connections, reading each connection's first request head,
+//! and routing it: WebSocket upgrades and SSE streams become sessions here
+//! (so they hold no HTTP-framework buffers while idle); everything else goes
+//! to the axum router through hyper. Invariants: over-capacity clients are
+//! answered at once (503 + Retry-After) and never left in the accept queue;
+//! accept errors back off and are counted, never spun on; no task outlives
+//! the shutdown deadline.
+
+pub mod head;
+mod prefixed;
+pub mod session;
+
+use crate::app::App;
+use crate::metrics;
+use crate::proto::{self, sse, ws};
+use crate::tenant::{Access, Refusal};
+use bytes::Bytes;
+use head::{RequestHead, Route};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Time a client gets to send its request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts until shutdown. Each connection runs on the app's task tracker.
+pub async fn accept_loop(app: Arc<App>, listener: TcpListener, router: axum::Router) {
+    let mut backoff = Duration::from_millis(5);
+    let mut last_warn: Option<tokio::time::Instant> = None;
+    loop {
+        let accepted = tokio::select! {
+            _ = app.shutdown.cancelled() => break,
+            r = listener.accept() => r,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                backoff = Duration::from_millis(5);
+                let app2 = app.clone();
+                let router = router.clone();
+                app.tracker.spawn(async move { front_door(app2, stream, peer, router).await });
+            }
+            Err(e) => {
+                let kind = classify_accept_error(&e);
+                metrics::accept_error(kind);
+                if kind == "aborted" {
+                    continue;
+                }
+                if last_warn.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
+                    tracing::warn!(error = %e, kind, backoff_ms = backoff.as_millis() as u64, "accept failed; backing off");
+                    last_warn = Some(tokio::time::Instant::now());
+                }
+                tokio::select! {
+                    _ = app.shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+fn classify_accept_error(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc_emfile) if libc_emfile == 24 => "emfile",
+        Some(23) => "enfile",
+        Some(105) | Some(12) => "no_memory",
+        _ => match e.kind() {
+            io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::Interrupted => "aborted",
+            _ => "other",
+        },
+    }
+}
+
+/// Reads the first request head and routes the connection.
+async fn front_door(app: Arc<App>, mut stream: TcpStream, peer: SocketAddr, router: axum::Router) {
+    let _ = stream.set_nodelay(true);
+    let mut buf = Vec::with_capacity(1024);
+    let head = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream, &mut buf)).await {
+        Ok(Ok(Some(h))) => h,
+        Ok(Ok(None)) | Err(_) => return,
+        Ok(Err(HeadFailure::Io)) => return,
+        Ok(Err(HeadFailure::Bad(e))) => {
+            let status = match e {
+                head::HeadError::TooLarge => "431 Request Header Fields Too Large",
+                head::HeadError::Malformed(_) => "400 Bad Request",
+            };
+            respond(&mut stream, status, &[], &error_body("bad_request", &e.to_string())).await;
+            return;
+        }
+    };
+    match head::route(&head) {
+        Route::WebSocket { tenant } => websocket(app, stream, buf, head, &tenant).await,
+        Route::Sse { tenant } => server_sent_events(app, stream, head, &tenant).await,
+        Route::Http => serve_http(app, stream, Bytes::from(buf), peer, router).await,
+    }
+}
+
+enum HeadFailure {
+    Io,
+    Bad(head::HeadError),
+}
+
+async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Option<RequestHead>, HeadFailure> {
+    loop {
+        let mut chunk = [0u8; 2048];
+        let n = stream.read(&mut chunk).await.map_err(|_| HeadFailure::Io)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(h) = head::parse_head(buf).map_err(HeadFailure::Bad)? {
+            return Ok(Some(h));
+        }
+    }
+}
+
+pub fn error_body(code: &str, message: &str) -> String {
+    serde_json::json!({"error": {"code": code, "message": message}}).to_string()
+}
+
+/// Writes a complete small HTTP response and closes the connection.
+async fn respond(stream: &mut TcpStream, status: &str, extra: &[(&str, String)], body: &str) {
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in extra {
+        out.push_str(&format!("{k}: {v}\r\n"));
+    }
+    out.push_str("\r\n");
+    out.push_str(body);
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        stream.write_all(out.as_bytes()).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+/// 1–5 s, so refused clients do not come back in one wave.
+fn retry_after_secs() -> u64 {
+    1 + rand::random::<u64>() % 5
+}
+
+/// Checks everything that can refuse a session before its handshake is
+/// answered; on refusal writes the HTTP answer itself.
+async fn admit(
+    app: &Arc<App>,
+    stream: &mut TcpStream,
+    tenant_id: &str,
+) -> Option<crate::tenant::ConnectionSlot> {
+    let refuse_busy = |r: Refusal| {
+        (
+            "503 Service Unavailable",
+            vec![("Retry-After", retry_after_secs().to_string())],
+            error_body(r.as_str(), "server is over capacity; retry later"),
+        )
+    };
+    let answer = if !app.is_ready() {
+        metrics::refused_global(Refusal::ShuttingDown.as_str());
+        refuse_busy(Refusal::ShuttingDown)
+    } else if app.over_memory() {
+        metrics::refused_global(Refusal::MemoryBudget.as_str());
+        refuse_busy(Refusal::MemoryBudget)
+    } else {
+        match app.tenants.get(tenant_id) {
+            None => (
+                "404 Not Found",
+                vec![],
+                error_body("unknown_tenant", &format!("no tenant {:?}", truncate(tenant_id))),
+            ),
+            Some(t) if t.settings().access == Access::Plugin => {
+                t.metrics.refused("no_active_plugin");
+                (
+                    "403 Forbidden",
+                    vec![],
+                    error_body("no_active_plugin", "tenant access is \"plugin\" and no plugin is active; connections are refused"),
+                )
+            }
+            Some(t) => match app.capacity.acquire(&t) {
+                Ok(slot) => return Some(slot),
+                Err(r) => {
+                    t.metrics.refused(r.as_str());
+                    refuse_busy(r)
+                }
+            },
+        }
+    };
+    let (status, extra, body) = answer;
+    respond(stream, status, &extra, &body).await;
+    None
+}
+
+fn truncate(s: &str) -> &str {
+    let mut end = s.len().min(64);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+async fn websocket(app: Arc<App>, mut stream: TcpStream, buf: Vec<u8>, head: RequestHead, tenant: &str) {
+    if head.header("sec-websocket-version").map(str::trim) != Some("13") {
+        let extra = [("Sec-WebSocket-Version", "13".to_string())];
+        respond(&mut stream, "426 Upgrade Required", &extra, &error_body("bad_request", "Sec-WebSocket-Version must be 13")).await;
+        return;
+    }
+    let Some(key) = head.header("sec-websocket-key").filter(|k| k.trim().len() == 24) else {
+        respond(&mut stream, "400 Bad Request", &[], &error_body("bad_request", "missing or invalid Sec-WebSocket-Key")).await;
+        return;
+    };
+    if !head.header_has_token("connection", "upgrade") {
+        respond(&mut stream, "400 Bad Request", &[], &error_body("bad_request", "Connection header must include Upgrade")).await;
+        return;
+    }
+    let accept = ws::accept_key(key);
+    let Some(slot) = admit(&app, &mut stream, tenant).await else { return };
+    let response = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+    );
+    if stream.write_all(response.as_bytes()).await.is_err() {
+        return;
+    }
+    let early = buf[head.len..].to_vec();
+    drop(buf);
+    session::run_ws(app, stream, early, slot).await;
+}
+
+async fn server_sent_events(app: Arc<App>, mut stream: TcpStream, head: RequestHead, tenant_id: &str) {
+    let mut channels = Vec::new();
+    let mut last_event_id = head.header("last-event-id").map(str::to_string);
+    for (k, v) in head.query_pairs() {
+        match k.as_str() {
+            "ch" => channels.push(v),
+            "last_event_id" if last_event_id.is_none() => last_event_id = Some(v),
+            _ => {}
+        }
+    }
+    let bad = |msg: String| error_body("bad_request", &msg);
+    if channels.is_empty() {
+        respond(&mut stream, "400 Bad Request", &[], &bad("at least one `ch` query parameter is required".into())).await;
+        return;
+    }
+    for ch in &channels {
+        if let Err(e) = proto::validate_channel(ch) {
+            let body = error_body("bad_channel", &format!("channel {:?}: {e}", truncate(ch)));
+            respond(&mut stream, "400 Bad Request", &[], &body).await;
+            return;
+        }
+    }
+    channels.dedup();
+    if let Some(t) = app.tenants.get(tenant_id) {
+        let max = t.settings().limits.max_subscriptions;
+        if channels.len() > max {
+            let body = error_body("too_many_subscriptions", &format!("at most {max} channels per stream"));
+            respond(&mut stream, "400 Bad Request", &[], &body).await;
+            return;
+        }
+    }
+    let resume = last_event_id.and_then(|id| sse::parse_last_event_id(&id, channels.len()));
+    let Some(slot) = admit(&app, &mut stream, tenant_id).await else { return };
+    let head_out = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\
+                    X-Accel-Buffering: no\r\nAccess-Control-Allow-Origin: *\r\nConnection: close\r\n\r\n";
+    if stream.write_all(head_out.as_bytes()).await.is_err() {
+        return;
+    }
+    session::run_sse(app, stream, session::SseRequest { channels, resume }, slot).await;
+}
+
+async fn serve_http(app: Arc<App>, stream: TcpStream, prefix: Bytes, _peer: SocketAddr, router: axum::Router) {
+    let io = TokioIo::new(prefixed::Prefixed::new(prefix, stream));
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .serve_connection(io, TowerToHyperService::new(router));
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::trace!(error = %e, "http connection ended with an error");
+            }
+        }
+        _ = app.shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
+        }
+    }
+}

@@ -1,0 +1,536 @@
+//! The socket half of a session: reading client frames, writing queued frames.
+//!
+//! Owns: one connection after its handshake, for WebSocket and SSE alike.
+//! Invariants: an idle session holds no read or write buffer (reads go through
+//! a stack buffer inside a synchronous step; a partial frame is the only thing
+//! kept); everything queued is written with as few `writev` calls as possible;
+//! the session never waits on anything but its own socket, its queue and its
+//! timers; on every exit path it leaves all channels and releases its slot.
+
+use crate::app::App;
+use crate::fanout::queue::{Item, Wire};
+use crate::fanout::session::{QueueClose, SessionHandle};
+use crate::proto::ws::{self, close, Assembler, FrameError, Message, Role};
+use crate::proto::{self, sse, ClientOp, ErrorCode};
+use crate::registry::now_ms;
+use crate::tenant::{ConnectionSlot, Tenant};
+use bytes::{Buf, Bytes, BytesMut};
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// Most bytes read from one socket before yielding to other sessions.
+const READ_BUDGET: usize = 64 * 1024;
+/// Slices handed to one `writev`.
+const MAX_IOV: usize = 64;
+const PING_FRAME: &[u8] = &[0x89, 0x00];
+
+/// Frames taken from the queue and not yet fully written.
+#[derive(Default)]
+struct Outbox {
+    bufs: VecDeque<Bytes>,
+}
+
+impl Outbox {
+    fn is_empty(&self) -> bool {
+        self.bufs.is_empty()
+    }
+
+    /// Writes as much as the socket takes. `Ok(true)` when everything went.
+    fn flush(&mut self, stream: &TcpStream, writes: &mut u64) -> io::Result<bool> {
+        while !self.bufs.is_empty() {
+            let mut slices = [IoSlice::new(&[]); MAX_IOV];
+            let n = self.bufs.len().min(MAX_IOV);
+            for (slot, b) in slices.iter_mut().zip(self.bufs.iter()) {
+                *slot = IoSlice::new(b);
+            }
+            match stream.try_write_vectored(&slices[..n]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(mut written) => {
+                    *writes += 1;
+                    while written > 0 {
+                        let front = self.bufs.front_mut().expect("written bytes came from queued buffers");
+                        if written >= front.len() {
+                            written -= front.len();
+                            self.bufs.pop_front();
+                        } else {
+                            front.advance(written);
+                            written = 0;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        self.bufs = VecDeque::new();
+        Ok(true)
+    }
+}
+
+/// Why a session ended; decides the close frame and the metric label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum End {
+    /// The peer closed the connection or sent a close frame.
+    PeerClosed(Option<u16>),
+    /// The host closes with this code and reason.
+    Close(u16, String),
+    /// The socket failed; nothing more can be sent.
+    Io,
+}
+
+impl End {
+    fn label(&self) -> &'static str {
+        match self {
+            End::PeerClosed(_) => "peer",
+            End::Io => "io_error",
+            End::Close(code, _) => match *code {
+                close::GOING_AWAY => "shutdown",
+                close::TENANT_GONE => "tenant_gone",
+                close::SLOW_CONSUMER => "slow_consumer",
+                close::HEARTBEAT_TIMEOUT => "heartbeat_timeout",
+                close::TOO_BIG => "too_big",
+                _ => "protocol",
+            },
+        }
+    }
+}
+
+fn queue_end(reason: QueueClose, policy: &str) -> End {
+    match reason {
+        QueueClose::SlowConsumer => End::Close(
+            close::SLOW_CONSUMER,
+            format!("slow consumer: outbound queue full (policy {policy})"),
+        ),
+        QueueClose::Ended => End::Close(close::NORMAL, String::new()),
+    }
+}
+
+/// What a session needs from its tenant, copied once at connect.
+struct SessionLimits {
+    max_subscriptions: usize,
+    max_message_bytes: usize,
+}
+
+/// State of a WebSocket session's reader.
+struct WsReader {
+    /// Bytes of a frame that has not fully arrived; empty (no allocation) when idle.
+    partial: Vec<u8>,
+    assembler: Assembler,
+    subs: Vec<Arc<str>>,
+}
+
+/// Runs a WebSocket session until it ends. `early` holds bytes the client
+/// sent right after its handshake request.
+pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, slot: ConnectionSlot) {
+    let tenant = slot.tenant.clone();
+    let settings = tenant.settings();
+    let limits = SessionLimits {
+        max_subscriptions: settings.limits.max_subscriptions,
+        max_message_bytes: settings.limits.max_message_bytes,
+    };
+    let handle = SessionHandle::new(Wire::Ws, settings.limits.queue_bytes, settings.limits.slow_consumer);
+    drop(settings);
+    tenant.metrics.opened_ws.increment(1);
+    let mut reader = WsReader { partial: early, assembler: Assembler::default(), subs: Vec::new() };
+    let mut out = Outbox::default();
+    let cancel = tenant.cancel_token();
+    let heartbeat = app.config.heartbeat;
+    let hb = tokio::time::sleep(heartbeat);
+    tokio::pin!(hb);
+    let mut last_seen = Instant::now();
+
+    // Bytes that arrived with the handshake are processed before waiting.
+    let mut end = if reader.partial.is_empty() {
+        None
+    } else {
+        let early = std::mem::take(&mut reader.partial);
+        reader.consume(early, &tenant, &handle, &limits).err()
+    };
+
+    while end.is_none() {
+        tokio::select! {
+            biased;
+            _ = app.shutdown.cancelled() => end = Some(End::Close(close::GOING_AWAY, "server shutting down".into())),
+            _ = cancel.cancelled() => end = Some(End::Close(close::TENANT_GONE, "tenant removed or its access changed".into())),
+            r = stream.readable() => {
+                if r.is_err() {
+                    end = Some(End::Io);
+                } else {
+                    match reader.on_readable(&stream, &tenant, &handle, &limits) {
+                        Ok(true) => last_seen = Instant::now(),
+                        Ok(false) => {}
+                        Err(e) => end = Some(e),
+                    }
+                }
+            }
+            _ = handle.woken(), if out.is_empty() => {
+                if let Some(reason) = handle.close_reason() {
+                    end = Some(queue_end(reason, handle.policy().as_str()));
+                } else {
+                    end = load_and_flush(&stream, &handle, &mut out, &tenant, None).err();
+                }
+            }
+            r = stream.writable(), if !out.is_empty() => {
+                end = match r {
+                    Ok(()) => flush(&stream, &mut out, &tenant).err(),
+                    Err(_) => Some(End::Io),
+                };
+            }
+            _ = &mut hb => {
+                if last_seen.elapsed() > heartbeat * 2 + Duration::from_secs(5) {
+                    end = Some(End::Close(close::HEARTBEAT_TIMEOUT, "no frame from client within the heartbeat timeout".into()));
+                } else {
+                    handle.deliver_raw(Bytes::from_static(PING_FRAME));
+                }
+                hb.as_mut().reset(tokio::time::Instant::now() + heartbeat);
+            }
+        }
+    }
+    let end = end.expect("loop exits only with an end");
+    for ch in &reader.subs {
+        tenant.hub.unsubscribe(ch, &handle);
+    }
+    tenant.metrics.subscriptions.decrement(reader.subs.len() as f64);
+    handle.close();
+    tenant.metrics.closed(end.label());
+    tracing::debug!(tenant = %tenant.id, reason = end.label(), "websocket session ended");
+    let frame = match &end {
+        End::Close(code, reason) => Some(ws::encode_close(*code, reason)),
+        End::PeerClosed(Some(code)) => Some(ws::encode_close(*code, "")),
+        End::PeerClosed(None) => Some(ws::encode_close(close::NORMAL, "")),
+        End::Io => None,
+    };
+    finish(stream, out, frame).await;
+    drop(slot);
+}
+
+/// Best effort: sends what was pending and the final frame within a second,
+/// then closes the socket.
+async fn finish(mut stream: TcpStream, mut out: Outbox, last: Option<Bytes>) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Some(b) = out.bufs.pop_front() {
+            stream.write_all(&b).await?;
+        }
+        if let Some(last) = last {
+            stream.write_all(&last).await?;
+        }
+        stream.shutdown().await
+    })
+    .await;
+}
+
+fn flush(stream: &TcpStream, out: &mut Outbox, tenant: &Tenant) -> Result<(), End> {
+    let mut writes = 0;
+    let r = out.flush(stream, &mut writes);
+    tenant.metrics.writes.increment(writes);
+    r.map(|_| ()).map_err(|_| End::Io)
+}
+
+/// Moves everything queued into the outbox (SSE messages get their id line)
+/// and writes it.
+fn load_and_flush(
+    stream: &TcpStream,
+    handle: &SessionHandle,
+    out: &mut Outbox,
+    tenant: &Tenant,
+    mut sse: Option<&mut SseState>,
+) -> Result<(), End> {
+    let items = handle.take_queued();
+    if items.is_empty() {
+        return Ok(());
+    }
+    tenant.metrics.frames_sent.increment(items.len() as u64);
+    let mut ids = BytesMut::new();
+    let mut id_ranges = Vec::new();
+    for item in items {
+        match item {
+            Item::Ctrl(b) => out.bufs.push_back(b),
+            Item::Msg(m) => match sse.as_deref_mut() {
+                None => out.bufs.push_back(m.ws.clone()),
+                Some(state) => {
+                    out.bufs.push_back(m.sse.clone());
+                    if let Some(i) = state.channels.iter().position(|c| **c == *m.ch) {
+                        state.positions[i] = (m.epoch, m.seq);
+                    }
+                    let start = ids.len();
+                    sse::write_id_line(&mut ids, &state.positions);
+                    // Placeholder, replaced below once `ids` is frozen.
+                    id_ranges.push((out.bufs.len(), start, ids.len()));
+                    out.bufs.push_back(Bytes::new());
+                }
+            },
+        }
+    }
+    if !id_ranges.is_empty() {
+        let ids = ids.freeze();
+        for (at, start, end) in id_ranges {
+            out.bufs[at] = ids.slice(start..end);
+        }
+    }
+    flush(stream, out, tenant)
+}
+
+impl WsReader {
+    /// Reads what the socket has (bounded), decoding and acting on frames.
+    /// `Ok(true)` when any byte arrived.
+    fn on_readable(
+        &mut self,
+        stream: &TcpStream,
+        tenant: &Tenant,
+        handle: &Arc<SessionHandle>,
+        limits: &SessionLimits,
+    ) -> Result<bool, End> {
+        let mut buf = [0u8; 4096];
+        let mut total = 0;
+        while total < READ_BUDGET {
+            match stream.try_read(&mut buf) {
+                Ok(0) => return Err(End::PeerClosed(None)),
+                Ok(n) => {
+                    total += n;
+                    if self.partial.is_empty() {
+                        self.consume_slice(&mut buf[..n], tenant, handle, limits)?;
+                    } else {
+                        let mut joined = std::mem::take(&mut self.partial);
+                        joined.extend_from_slice(&buf[..n]);
+                        self.consume(joined, tenant, handle, limits)?;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => return Err(End::Io),
+            }
+        }
+        Ok(total > 0)
+    }
+
+    fn consume(
+        &mut self,
+        mut data: Vec<u8>,
+        tenant: &Tenant,
+        handle: &Arc<SessionHandle>,
+        limits: &SessionLimits,
+    ) -> Result<(), End> {
+        let used = self.decode_all(&mut data, tenant, handle, limits)?;
+        data.drain(..used);
+        self.partial = data;
+        if self.partial.is_empty() {
+            self.partial = Vec::new();
+        }
+        Ok(())
+    }
+
+    fn consume_slice(
+        &mut self,
+        data: &mut [u8],
+        tenant: &Tenant,
+        handle: &Arc<SessionHandle>,
+        limits: &SessionLimits,
+    ) -> Result<(), End> {
+        let used = self.decode_all(data, tenant, handle, limits)?;
+        if used < data.len() {
+            self.partial = data[used..].to_vec();
+        }
+        Ok(())
+    }
+
+    /// Decodes complete frames from the start of `data`; returns bytes used.
+    fn decode_all(
+        &mut self,
+        data: &mut [u8],
+        tenant: &Tenant,
+        handle: &Arc<SessionHandle>,
+        limits: &SessionLimits,
+    ) -> Result<usize, End> {
+        let mut used = 0;
+        loop {
+            let head = match ws::decode_frame(&mut data[used..], Role::FromClient, limits.max_message_bytes) {
+                Ok(Some(h)) => h,
+                Ok(None) => return Ok(used),
+                Err(e) => return Err(frame_error(e, tenant)),
+            };
+            let payload = &data[used + head.payload_start..used + head.frame_len()];
+            let msg = self.assembler.push(head, payload, limits.max_message_bytes).map_err(|e| frame_error(e, tenant))?;
+            used += head.frame_len();
+            match msg {
+                None | Some(Message::Pong) => {}
+                Some(Message::Close(code)) => return Err(End::PeerClosed(code)),
+                Some(Message::Ping(p)) => {
+                    handle.deliver_raw(ws::encode_frame(ws::OpCode::Pong, &p));
+                }
+                Some(Message::Binary(_)) => {
+                    tenant.metrics.client_error(ErrorCode::BadRequest.as_str());
+                    handle.deliver_ctrl(
+                        "err",
+                        &proto::encode_err(None, ErrorCode::BadRequest, "binary frames are not part of the protocol; send JSON text frames"),
+                    );
+                }
+                Some(Message::Text(t)) => self.on_op(&t, tenant, handle, limits),
+            }
+        }
+    }
+
+    fn on_op(&mut self, text: &[u8], tenant: &Tenant, handle: &Arc<SessionHandle>, limits: &SessionLimits) {
+        let op = match proto::parse_client_op(text) {
+            Ok(op) => op,
+            Err(e) => {
+                tenant.metrics.client_error(e.code.as_str());
+                handle.deliver_ctrl("err", &proto::encode_err(e.id, e.code, &e.msg));
+                return;
+            }
+        };
+        match op {
+            ClientOp::Ping { id } => {
+                handle.deliver_ctrl("pong", &proto::encode_pong(id));
+            }
+            ClientOp::Sub { ch, since, epoch, id } => {
+                let already = self.subs.iter().any(|c| **c == *ch);
+                if !already && self.subs.len() >= limits.max_subscriptions {
+                    tenant.metrics.client_error(ErrorCode::TooManySubscriptions.as_str());
+                    let msg = format!("at most {} subscriptions per connection", limits.max_subscriptions);
+                    handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::TooManySubscriptions, &msg));
+                    return;
+                }
+                let history = tenant.settings().limits.history();
+                tenant.hub.subscribe(&ch, handle, since.map(|s| (s, epoch)), history, now_ms() as u64, |ep, head| {
+                    handle.deliver_ctrl("ack", &proto::encode_ack(id, Some((&ch, ep, head))));
+                });
+                if !already {
+                    tenant.metrics.subscriptions.increment(1.0);
+                    self.subs.push(ch.into());
+                }
+            }
+            ClientOp::Unsub { ch, id } => match self.subs.iter().position(|c| **c == *ch) {
+                Some(i) => {
+                    self.subs.swap_remove(i);
+                    tenant.hub.unsubscribe(&ch, handle);
+                    tenant.metrics.subscriptions.decrement(1.0);
+                    handle.deliver_ctrl("ack", &proto::encode_ack(id, None));
+                }
+                None => {
+                    tenant.metrics.client_error(ErrorCode::NotSubscribed.as_str());
+                    let msg = format!("not subscribed to {ch:?}");
+                    handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::NotSubscribed, &msg));
+                }
+            },
+        }
+    }
+}
+
+fn frame_error(e: FrameError, tenant: &Tenant) -> End {
+    tenant.metrics.client_error(match e {
+        FrameError::TooBig { .. } => "too_big",
+        FrameError::BadUtf8 => "bad_utf8",
+        FrameError::Protocol(_) => "protocol",
+    });
+    End::Close(e.close_code(), e.to_string())
+}
+
+/// An SSE session's channels (in request order) and the positions it sent.
+pub struct SseState {
+    channels: Vec<Arc<str>>,
+    positions: Vec<(u64, u64)>,
+}
+
+/// What an SSE request asked for, validated by the front door.
+pub struct SseRequest {
+    pub channels: Vec<String>,
+    /// Positions from `Last-Event-ID`, one per channel.
+    pub resume: Option<Vec<(u64, u64)>>,
+}
+
+/// Runs an SSE stream until it ends. The response head was already written.
+pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, slot: ConnectionSlot) {
+    let tenant = slot.tenant.clone();
+    let settings = tenant.settings();
+    let handle = SessionHandle::new(Wire::Sse, settings.limits.queue_bytes, settings.limits.slow_consumer);
+    let history = settings.limits.history();
+    drop(settings);
+    tenant.metrics.opened_sse.increment(1);
+    let mut state = SseState { channels: Vec::with_capacity(req.channels.len()), positions: Vec::new() };
+    handle.deliver_raw(Bytes::from_static(b"retry: 2000\n\n"));
+    for (i, ch) in req.channels.iter().enumerate() {
+        let resume = req.resume.as_ref().map(|r| (r[i].1, Some(r[i].0)));
+        let r = tenant.hub.subscribe(ch, &handle, resume, history, now_ms() as u64, |_, _| {});
+        // Until a message arrives, the id carries where the stream started.
+        let start = match &req.resume {
+            Some(p) if p[i].0 == r.epoch => p[i].1.max(r.head),
+            _ => r.head,
+        };
+        state.positions.push((r.epoch, start));
+        state.channels.push(ch.as_str().into());
+    }
+    tenant.metrics.subscriptions.increment(state.channels.len() as f64);
+    let mut out = Outbox::default();
+    let cancel = tenant.cancel_token();
+    let heartbeat = app.config.heartbeat;
+    let hb = tokio::time::sleep(heartbeat);
+    tokio::pin!(hb);
+    let mut end = None;
+    while end.is_none() {
+        tokio::select! {
+            biased;
+            _ = app.shutdown.cancelled() => end = Some(End::Close(close::GOING_AWAY, String::new())),
+            _ = cancel.cancelled() => end = Some(End::Close(close::TENANT_GONE, String::new())),
+            r = stream.readable() => end = match r {
+                Ok(()) => discard_input(&stream).err(),
+                Err(_) => Some(End::Io),
+            },
+            _ = handle.woken(), if out.is_empty() => {
+                if let Some(reason) = handle.close_reason() {
+                    end = Some(queue_end(reason, handle.policy().as_str()));
+                } else {
+                    end = load_and_flush(&stream, &handle, &mut out, &tenant, Some(&mut state)).err();
+                }
+            }
+            r = stream.writable(), if !out.is_empty() => {
+                end = match r {
+                    Ok(()) => flush(&stream, &mut out, &tenant).err(),
+                    Err(_) => Some(End::Io),
+                };
+            }
+            _ = &mut hb => {
+                handle.deliver_raw(Bytes::from_static(sse::HEARTBEAT));
+                hb.as_mut().reset(tokio::time::Instant::now() + heartbeat);
+            }
+        }
+    }
+    let end = end.expect("loop exits only with an end");
+    for ch in &state.channels {
+        tenant.hub.unsubscribe(ch, &handle);
+    }
+    tenant.metrics.subscriptions.decrement(state.channels.len() as f64);
+    handle.close();
+    tenant.metrics.closed(end.label());
+    // An SSE stream ends by closing; a reason travels as a last event.
+    let last = match &end {
+        End::Close(code, reason) if *code != close::NORMAL => {
+            let json = format!(
+                "{{\"op\":\"close\",\"code\":{code},\"reason\":{}}}",
+                serde_json::Value::String(reason.clone())
+            );
+            Some(sse::encode_event("close", &json))
+        }
+        _ => None,
+    };
+    finish(stream, out, last).await;
+    drop(slot);
+}
+
+/// An SSE client sends nothing after its request; read and drop anything it
+/// does send, and notice when it goes away.
+fn discard_input(stream: &TcpStream) -> Result<(), End> {
+    let mut buf = [0u8; 512];
+    let mut total = 0;
+    while total < READ_BUDGET {
+        match stream.try_read(&mut buf) {
+            Ok(0) => return Err(End::PeerClosed(None)),
+            Ok(n) => total += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(_) => return Err(End::Io),
+        }
+    }
+    Ok(())
+}

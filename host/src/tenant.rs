@@ -1,0 +1,349 @@
+//! Tenants at run time: limits, access mode, publish key, connection counts,
+//! and each tenant's fan-out hub.
+//!
+//! Owns: the in-memory view of the registry's tenants and the per-tenant
+//! counters. Invariants: a tenant's `Hub` lives as long as the tenant, so an
+//! admin change of limits or access never orphans a subscriber; connection
+//! slots are RAII guards, so a count cannot leak when a session ends by any
+//! path. Must never block on the registry while holding a lock.
+
+use crate::fanout::queue::SlowConsumer;
+use crate::fanout::{HistoryLimits, Hub};
+use crate::metrics::TenantMetrics;
+use crate::ratelimit::TokenBucket;
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Who may connect and subscribe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Access {
+    /// Anyone may connect and subscribe.
+    Public,
+    /// The tenant's plugin decides; with no active plugin every connect is refused.
+    #[default]
+    Plugin,
+}
+
+impl Access {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Public => "public",
+            Access::Plugin => "plugin",
+        }
+    }
+}
+
+/// Effective limits of a tenant.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TenantLimits {
+    pub max_connections: Option<usize>,
+    pub max_subscriptions: usize,
+    pub max_message_bytes: usize,
+    pub queue_bytes: usize,
+    pub slow_consumer: SlowConsumer,
+    pub publish_rate: f64,
+    pub publish_burst: u32,
+    pub history_size: usize,
+    pub history_ttl_ms: u64,
+}
+
+impl TenantLimits {
+    pub fn history(&self) -> HistoryLimits {
+        HistoryLimits { max_messages: self.history_size, max_age_ms: self.history_ttl_ms }
+    }
+}
+
+/// Per-tenant overrides as stored in the registry; absent fields use the
+/// global defaults. Unknown fields are refused so a typo cannot pass silently.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitOverrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_subscriptions: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_message_bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slow_consumer: Option<SlowConsumer>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publish_rate: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publish_burst: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history_size: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history_ttl_ms: Option<u64>,
+}
+
+impl LimitOverrides {
+    /// Applies the overrides to `defaults`, refusing values that cannot work.
+    pub fn apply(&self, defaults: &TenantLimits) -> Result<TenantLimits, String> {
+        let l = TenantLimits {
+            max_connections: self.max_connections.or(defaults.max_connections),
+            max_subscriptions: self.max_subscriptions.unwrap_or(defaults.max_subscriptions),
+            max_message_bytes: self.max_message_bytes.unwrap_or(defaults.max_message_bytes),
+            queue_bytes: self.queue_bytes.unwrap_or(defaults.queue_bytes),
+            slow_consumer: self.slow_consumer.unwrap_or(defaults.slow_consumer),
+            publish_rate: self.publish_rate.unwrap_or(defaults.publish_rate),
+            publish_burst: self.publish_burst.unwrap_or(defaults.publish_burst),
+            history_size: self.history_size.unwrap_or(defaults.history_size),
+            history_ttl_ms: self.history_ttl_ms.unwrap_or(defaults.history_ttl_ms),
+        };
+        if l.max_message_bytes < 64 {
+            return Err("limits.max_message_bytes must be at least 64".into());
+        }
+        if l.queue_bytes < l.max_message_bytes {
+            return Err("limits.queue_bytes must be at least limits.max_message_bytes".into());
+        }
+        if !(l.publish_rate > 0.0 && l.publish_rate.is_finite()) {
+            return Err("limits.publish_rate must be a positive number".into());
+        }
+        if l.history_size > 100_000 {
+            return Err("limits.history_size must be at most 100000".into());
+        }
+        Ok(l)
+    }
+}
+
+/// What the admin API may change; swapped as a whole.
+#[derive(Debug, Clone)]
+pub struct TenantSettings {
+    pub access: Access,
+    pub config: serde_json::Value,
+    pub overrides: LimitOverrides,
+    pub limits: TenantLimits,
+    pub publish_key_sha256: [u8; 32],
+}
+
+/// A live tenant.
+pub struct Tenant {
+    pub id: Arc<str>,
+    settings: RwLock<Arc<TenantSettings>>,
+    pub hub: Hub,
+    connections: AtomicUsize,
+    rate: Mutex<TokenBucket>,
+    /// Cancelled when the tenant is deleted or its access changes; sessions
+    /// close with 4000 then.
+    cancel: RwLock<CancellationToken>,
+    pub metrics: TenantMetrics,
+}
+
+pub fn key_digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+impl Tenant {
+    pub fn new(id: &str, settings: TenantSettings, parent: &CancellationToken) -> Arc<Tenant> {
+        let rate = TokenBucket::new(settings.limits.publish_rate, settings.limits.publish_burst, Instant::now());
+        Arc::new(Tenant {
+            id: id.into(),
+            settings: RwLock::new(Arc::new(settings)),
+            hub: Hub::default(),
+            connections: AtomicUsize::new(0),
+            rate: Mutex::new(rate),
+            cancel: RwLock::new(parent.child_token()),
+            metrics: TenantMetrics::new(id),
+        })
+    }
+
+    pub fn settings(&self) -> Arc<TenantSettings> {
+        self.settings.read().clone()
+    }
+
+    /// Installs new settings; closes every session when access changed.
+    pub fn update(&self, new: TenantSettings, parent: &CancellationToken) {
+        let old = std::mem::replace(&mut *self.settings.write(), Arc::new(new.clone()));
+        *self.rate.lock() = TokenBucket::new(new.limits.publish_rate, new.limits.publish_burst, Instant::now());
+        if old.access != new.access {
+            let fresh = parent.child_token();
+            std::mem::replace(&mut *self.cancel.write(), fresh).cancel();
+        }
+    }
+
+    /// Closes every session of this tenant (deletion).
+    pub fn shut(&self) {
+        self.cancel.read().cancel();
+    }
+
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.read().clone()
+    }
+
+    pub fn check_publish_key(&self, presented: &str) -> bool {
+        let want = self.settings.read().publish_key_sha256;
+        let got = key_digest(presented);
+        // Compare digests in constant time so a key cannot be found byte by byte.
+        want.iter().zip(got.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
+
+    /// Takes `n` publish tokens or says how long to wait.
+    pub fn take_publish_tokens(&self, n: u32) -> Result<(), Duration> {
+        self.rate.lock().try_take(n, Instant::now())
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    fn try_acquire(&self, max: Option<usize>) -> bool {
+        let max = max.unwrap_or(usize::MAX);
+        self.connections
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .is_ok()
+    }
+}
+
+/// All tenants, by id.
+#[derive(Default)]
+pub struct Tenants {
+    map: RwLock<HashMap<Arc<str>, Arc<Tenant>>>,
+}
+
+impl Tenants {
+    pub fn get(&self, id: &str) -> Option<Arc<Tenant>> {
+        self.map.read().get(id).cloned()
+    }
+
+    pub fn insert(&self, t: Arc<Tenant>) {
+        self.map.write().insert(t.id.clone(), t);
+    }
+
+    pub fn remove(&self, id: &str) -> Option<Arc<Tenant>> {
+        self.map.write().remove(id)
+    }
+
+    pub fn all(&self) -> Vec<Arc<Tenant>> {
+        self.map.read().values().cloned().collect()
+    }
+}
+
+/// Global connection accounting: the process-wide cap derived from the
+/// open-files limit (or set lower by the operator).
+pub struct Capacity {
+    max: usize,
+    current: AtomicUsize,
+}
+
+/// Why a connection was refused before it became a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    GlobalConnections,
+    TenantConnections,
+    MemoryBudget,
+    ShuttingDown,
+}
+
+impl Refusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::GlobalConnections => "global_connections",
+            Refusal::TenantConnections => "tenant_connections",
+            Refusal::MemoryBudget => "memory_budget",
+            Refusal::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
+impl Capacity {
+    pub fn new(max: usize) -> Arc<Capacity> {
+        Arc::new(Capacity { max, current: AtomicUsize::new(0) })
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    pub fn current(&self) -> usize {
+        self.current.load(Ordering::Relaxed)
+    }
+
+    /// Takes a global and a tenant slot, or neither.
+    pub fn acquire(self: &Arc<Self>, tenant: &Arc<Tenant>) -> Result<ConnectionSlot, Refusal> {
+        let max = self.max;
+        if self
+            .current
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .is_err()
+        {
+            return Err(Refusal::GlobalConnections);
+        }
+        if !tenant.try_acquire(tenant.settings().limits.max_connections) {
+            self.current.fetch_sub(1, Ordering::AcqRel);
+            return Err(Refusal::TenantConnections);
+        }
+        tenant.metrics.connections.increment(1.0);
+        Ok(ConnectionSlot { capacity: self.clone(), tenant: tenant.clone() })
+    }
+}
+
+/// Held by a session for its whole life; releasing is dropping.
+pub struct ConnectionSlot {
+    capacity: Arc<Capacity>,
+    pub tenant: Arc<Tenant>,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.capacity.current.fetch_sub(1, Ordering::AcqRel);
+        self.tenant.connections.fetch_sub(1, Ordering::AcqRel);
+        self.tenant.metrics.connections.decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn defaults() -> TenantLimits {
+        crate::config::Config::for_data_dir("/nonexistent").limits
+    }
+
+    #[test]
+    fn overrides_apply_and_validate() {
+        let d = defaults();
+        let o: LimitOverrides = serde_json::from_str(r#"{"queue_bytes":100000,"slow_consumer":"disconnect"}"#).unwrap();
+        let l = o.apply(&d).unwrap();
+        assert_eq!(l.queue_bytes, 100_000);
+        assert_eq!(l.slow_consumer, SlowConsumer::Disconnect);
+        assert_eq!(l.max_subscriptions, d.max_subscriptions);
+        assert!(serde_json::from_str::<LimitOverrides>(r#"{"queue_byte":1}"#).is_err());
+        let bad = LimitOverrides { queue_bytes: Some(10), ..Default::default() };
+        assert!(bad.apply(&d).unwrap_err().contains("queue_bytes"));
+    }
+
+    #[test]
+    fn slots_are_released_on_drop() {
+        let parent = CancellationToken::new();
+        let mut limits = defaults();
+        limits.max_connections = Some(1);
+        let t = Tenant::new(
+            "t",
+            TenantSettings {
+                access: Access::Public,
+                config: serde_json::json!({}),
+                overrides: LimitOverrides::default(),
+                limits,
+                publish_key_sha256: key_digest("k"),
+            },
+            &parent,
+        );
+        let cap = Capacity::new(2);
+        let a = cap.acquire(&t).unwrap();
+        assert_eq!(cap.acquire(&t).err(), Some(Refusal::TenantConnections));
+        assert_eq!(cap.current(), 1);
+        drop(a);
+        assert_eq!((cap.current(), t.connections()), (0, 0));
+        assert!(t.check_publish_key("k"));
+        assert!(!t.check_publish_key("K"));
+    }
+}
