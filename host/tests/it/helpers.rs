@@ -1,0 +1,259 @@
+//! Test harness: a real Herald on port 0 with a fresh registry, and real
+//! WebSocket / SSE / HTTP clients over loopback.
+
+use futures_util::{SinkExt, StreamExt};
+use herald::config::Config;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::Message;
+
+pub const ADMIN: &str = "test-admin-token-0123456789";
+pub const WAIT: Duration = Duration::from_secs(5);
+
+pub struct Host {
+    pub addr: SocketAddr,
+    pub http: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+    pub data_dir: PathBuf,
+    _dir: Option<tempfile::TempDir>,
+}
+
+pub struct HostOptions {
+    pub config: Config,
+    pub dir: Option<tempfile::TempDir>,
+}
+
+impl HostOptions {
+    pub fn new() -> HostOptions {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::for_data_dir(dir.path());
+        config.admin_token = Some(ADMIN.into());
+        config.shutdown_grace = Duration::from_secs(3);
+        HostOptions { config, dir: Some(dir) }
+    }
+}
+
+pub async fn spawn_host() -> Host {
+    spawn_with(HostOptions::new()).await
+}
+
+pub async fn spawn_with(opts: HostOptions) -> Host {
+    let listener = herald::bind("127.0.0.1:0".parse().unwrap(), 1024, false).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = oneshot::channel();
+    let data_dir = opts.config.data_dir.clone();
+    let task = tokio::spawn(herald::run(opts.config, listener, async {
+        let _ = rx.await;
+    }));
+    let host = Host {
+        addr,
+        http: reqwest::Client::new(),
+        stop: Some(tx),
+        task: Some(task),
+        data_dir,
+        _dir: opts.dir,
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Ok(r) = host.http.get(host.url("/readyz")).send().await {
+            if r.status() == 200 {
+                break;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "host did not become ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    host
+}
+
+impl Host {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn ws_url(&self, tenant: &str) -> String {
+        format!("ws://{}/v1/t/{tenant}/ws", self.addr)
+    }
+
+    /// Stops the host and waits for `run` to return; gives back the data dir.
+    pub async fn stop(mut self) -> Option<tempfile::TempDir> {
+        self.stop.take().unwrap().send(()).unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(10), self.task.take().unwrap())
+            .await
+            .expect("run returned within the deadline")
+            .unwrap();
+        r.expect("run succeeded");
+        self._dir.take()
+    }
+
+    pub async fn admin(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = self.http.request(method, self.url(path)).bearer_auth(ADMIN);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        let v = r.json().await.unwrap_or(Value::Null);
+        (status, v)
+    }
+
+    /// Creates a tenant and returns its publish key.
+    pub async fn tenant(&self, body: Value) -> String {
+        let (s, v) = self.admin(reqwest::Method::POST, "/admin/v1/tenants", Some(body)).await;
+        assert_eq!(s, 201, "{v}");
+        v["publish_key"].as_str().unwrap().to_string()
+    }
+
+    pub async fn public_tenant(&self, id: &str) -> String {
+        self.tenant(json!({"id": id, "access": "public"})).await
+    }
+
+    pub async fn publish(&self, tenant: &str, key: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(self.url(&format!("/v1/t/{tenant}/publish")))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let s = r.status().as_u16();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn metric(&self, name_and_labels: &str) -> f64 {
+        let text = self.http.get(self.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(name_and_labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    pub async fn ws(&self, tenant: &str) -> Ws {
+        let (s, _) = tokio_tungstenite::connect_async(self.ws_url(tenant)).await.expect("ws connect");
+        Ws { s }
+    }
+
+    pub async fn sse(&self, tenant: &str, query: &str, last_event_id: Option<&str>) -> Sse {
+        let mut stream = TcpStream::connect(self.addr).await.unwrap();
+        let mut req = format!("GET /v1/t/{tenant}/sse?{query} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n");
+        if let Some(id) = last_event_id {
+            req.push_str(&format!("Last-Event-ID: {id}\r\n"));
+        }
+        req.push_str("\r\n");
+        stream.write_all(req.as_bytes()).await.unwrap();
+        let mut r = BufReader::new(stream);
+        let mut status = String::new();
+        r.read_line(&mut status).await.unwrap();
+        let code: u16 = status.split_whitespace().nth(1).unwrap_or("0").parse().unwrap();
+        loop {
+            let mut line = String::new();
+            if r.read_line(&mut line).await.unwrap() == 0 || line == "\r\n" {
+                break;
+            }
+        }
+        Sse { r, status: code }
+    }
+}
+
+pub struct Ws {
+    pub s: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>,
+}
+
+impl Ws {
+    pub async fn send(&mut self, v: Value) {
+        self.s.send(Message::Text(v.to_string().into())).await.unwrap();
+    }
+
+    pub async fn send_raw(&mut self, m: Message) {
+        self.s.send(m).await.unwrap();
+    }
+
+    /// The next JSON text frame (pings are answered by tungstenite).
+    pub async fn next(&mut self) -> Value {
+        loop {
+            let m = tokio::time::timeout(WAIT, self.s.next()).await.expect("frame within deadline");
+            match m.expect("stream open").expect("frame") {
+                Message::Text(t) => return serde_json::from_str(&t).unwrap(),
+                Message::Ping(_) | Message::Pong(_) => continue,
+                other => panic!("unexpected frame {other:?}"),
+            }
+        }
+    }
+
+    pub async fn sub(&mut self, ch: &str, id: u64) -> Value {
+        self.send(json!({"op":"sub","ch":ch,"id":id})).await;
+        let ack = self.next().await;
+        assert_eq!(ack["op"], "ack", "{ack}");
+        assert_eq!(ack["id"], id);
+        ack
+    }
+
+    /// Waits for the server's close frame; returns its code and reason.
+    pub async fn closed(&mut self) -> (u16, String) {
+        loop {
+            let m = tokio::time::timeout(WAIT, self.s.next()).await.expect("close within deadline");
+            match m {
+                Some(Ok(Message::Close(Some(f)))) => return (u16::from(f.code), f.reason.to_string()),
+                Some(Ok(Message::Close(None))) => return (u16::from(CloseCode::Status), String::new()),
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => panic!("error instead of close: {e}"),
+                None => panic!("stream ended without a close frame"),
+            }
+        }
+    }
+}
+
+pub struct Sse {
+    r: BufReader<TcpStream>,
+    pub status: u16,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub event: String,
+    pub data: Value,
+    pub id: Option<String>,
+}
+
+impl Sse {
+    /// The next event with a `data:` field (comments and `retry:` skipped);
+    /// `None` when the stream ended.
+    pub async fn next(&mut self) -> Option<Event> {
+        let mut event = String::new();
+        let mut data = String::new();
+        let mut id = None;
+        loop {
+            let mut line = String::new();
+            let n = tokio::time::timeout(WAIT, self.r.read_line(&mut line)).await.expect("sse line within deadline").ok()?;
+            if n == 0 {
+                return None;
+            }
+            let line = line.trim_end_matches(['\r', '\n']);
+            if line.is_empty() {
+                if !data.is_empty() {
+                    return Some(Event { event, data: serde_json::from_str(&data).unwrap(), id });
+                }
+                continue;
+            }
+            if let Some(v) = line.strip_prefix("event: ") {
+                event = v.to_string();
+            } else if let Some(v) = line.strip_prefix("data: ") {
+                if !data.is_empty() {
+                    data.push('\n');
+                }
+                data.push_str(v);
+            } else if let Some(v) = line.strip_prefix("id: ") {
+                id = Some(v.to_string());
+            }
+        }
+    }
+}

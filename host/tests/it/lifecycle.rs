@@ -1,0 +1,151 @@
+//! Restart, tenant changes, shutdown: nothing is lost that should survive,
+//! and every session is told why it ends.
+
+use crate::helpers::*;
+use reqwest::Method;
+use serde_json::json;
+use std::time::Duration;
+
+#[tokio::test]
+async fn registry_survives_restart() {
+    let h = spawn_host().await;
+    let key = h.tenant(json!({"id":"keep","access":"public","config":{"a":1},"limits":{"history_size":7}})).await;
+    let data_dir = h.data_dir.clone();
+    let dir = h.stop().await;
+    let mut opts = HostOptions::new();
+    opts.config.data_dir = data_dir;
+    opts.dir = dir;
+    let h = spawn_with(opts).await;
+    let (s, v) = h.admin(Method::GET, "/admin/v1/tenants/keep", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(v["config"], json!({"a":1}));
+    assert_eq!(v["effective_limits"]["history_size"], 7);
+    let mut ws = h.ws("keep").await;
+    ws.sub("c", 1).await;
+    assert_eq!(h.publish("keep", &key, json!({"ch":"c","data":1})).await.0, 200);
+    assert_eq!(ws.next().await["seq"], 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn admin_changes_apply_live() {
+    let h = spawn_host().await;
+    let key = h.public_tenant("t").await;
+    let mut ws = h.ws("t").await;
+    ws.sub("c", 1).await;
+    // Changing limits keeps sessions and subscriptions.
+    let (s, v) = h.admin(Method::PATCH, "/admin/v1/tenants/t", Some(json!({"limits":{"history_size":3}}))).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["limits"], json!({"history_size":3}));
+    h.publish("t", &key, json!({"ch":"c","data":1})).await;
+    assert_eq!(ws.next().await["seq"], 1);
+    // Rotating the key invalidates the old one.
+    let (_, v) = h.admin(Method::POST, "/admin/v1/tenants/t/publish-key", None).await;
+    let new_key = v["publish_key"].as_str().unwrap();
+    assert_eq!(h.publish("t", &key, json!({"ch":"c","data":1})).await.0, 401);
+    assert_eq!(h.publish("t", new_key, json!({"ch":"c","data":2})).await.0, 200);
+    assert_eq!(ws.next().await["seq"], 2);
+    // Switching access to plugin closes sessions with 4000 (fail closed).
+    let (s, _) = h.admin(Method::PATCH, "/admin/v1/tenants/t", Some(json!({"access":"plugin"}))).await;
+    assert_eq!(s, 200);
+    assert_eq!(ws.closed().await.0, 4000);
+    // Deleting a tenant closes its sessions and forgets it.
+    h.public_tenant("gone").await;
+    let mut g = h.ws("gone").await;
+    g.sub("c", 1).await;
+    let (s, _) = h.admin(Method::DELETE, "/admin/v1/tenants/gone", None).await;
+    assert_eq!(s, 204);
+    assert_eq!(g.closed().await.0, 4000);
+    assert_eq!(h.publish("gone", new_key, json!({"ch":"c","data":1})).await.0, 404);
+    let (_, v) = h.admin(Method::GET, "/admin/v1/tenants", None).await;
+    assert_eq!(v["tenants"].as_array().unwrap().len(), 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_closes_sessions_with_1001_and_ends_sse() {
+    let h = spawn_host().await;
+    h.public_tenant("t").await;
+    let mut ws = h.ws("t").await;
+    ws.sub("c", 1).await;
+    let mut sse = h.sse("t", "ch=c", None).await;
+    let stopper = tokio::spawn(h.stop());
+    assert_eq!(ws.closed().await.0, 1001);
+    // The SSE stream ends (after an optional close event).
+    let mut ended = false;
+    for _ in 0..3 {
+        match sse.next().await {
+            None => {
+                ended = true;
+                break;
+            }
+            Some(e) => assert_eq!(e.event, "close"),
+        }
+    }
+    assert!(ended);
+    stopper.await.unwrap();
+}
+
+/// The real binary: SIGTERM drains sessions with 1001 and exits 0.
+#[tokio::test]
+async fn sigterm_drains_the_real_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["serve", "--demo", "--listen", &format!("127.0.0.1:{port}"), "--admin-token", ADMIN, "--log", "warn"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let url = format!("ws://127.0.0.1:{port}/v1/t/demo/ws");
+    let mut ws = None;
+    for _ in 0..100 {
+        if let Ok((s, _)) = tokio_tungstenite::connect_async(&url).await {
+            ws = Some(Ws { s });
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut ws = ws.expect("binary started");
+    ws.sub("c", 1).await;
+    let pid = child.id().unwrap().to_string();
+    let st = std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(st.success());
+    assert_eq!(ws.closed().await.0, 1001);
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status}");
+}
+
+/// The same host on a Postgres registry, when the test script provides one.
+#[tokio::test]
+async fn postgres_registry_end_to_end() {
+    let Ok(url) = std::env::var("HERALD_TEST_POSTGRES_URL") else {
+        assert!(std::env::var("HERALD_REQUIRE_POSTGRES").is_err(), "Postgres required but not configured");
+        eprintln!("skipping: HERALD_TEST_POSTGRES_URL not set");
+        return;
+    };
+    let id = format!("pg{}", rand_suffix());
+    let mut opts = HostOptions::new();
+    opts.config.database_url = Some(url.clone());
+    let h = spawn_with(opts).await;
+    let key = h.tenant(json!({"id": id, "access":"public"})).await;
+    h.stop().await;
+    let mut opts = HostOptions::new();
+    opts.config.database_url = Some(url);
+    let h = spawn_with(opts).await;
+    let mut ws = h.ws(&id).await;
+    ws.sub("c", 1).await;
+    assert_eq!(h.publish(&id, &key, json!({"ch":"c","data":1})).await.0, 200);
+    assert_eq!(ws.next().await["seq"], 1);
+    assert_eq!(h.admin(Method::DELETE, &format!("/admin/v1/tenants/{id}"), None).await.0, 204);
+    h.stop().await;
+}
+
+fn rand_suffix() -> u32 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos()
+}

@@ -1,0 +1,143 @@
+//! Slow consumers: each policy bounds the slow session's memory, counts what
+//! it did, and never delays a healthy session.
+
+use crate::helpers::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use tokio_tungstenite::tungstenite::Message;
+
+const MESSAGES: u64 = 1600;
+/// Small batches: a healthy reader drains between two publish requests, while
+/// the whole flood (3.2 MB) is far more than a stalled socket and queue hold.
+const BATCH: u64 = 10;
+
+/// A subscriber whose socket has a tiny receive buffer and that stops reading.
+async fn stalled_subscriber(h: &Host, tenant: &str) -> Ws {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let stream = sock.connect(h.addr).await.unwrap();
+    let plain = tokio_tungstenite::MaybeTlsStream::Plain(stream);
+    let (s, _) = tokio_tungstenite::client_async(h.ws_url(tenant), plain).await.unwrap();
+    let mut ws = Ws { s };
+    ws.sub("c", 1).await;
+    ws
+}
+
+async fn flood(h: &Host, tenant: &str, key: &str, keyed: bool) {
+    let pad = "p".repeat(2000);
+    for batch in 0..(MESSAGES / BATCH) {
+        let items: Vec<Value> = (0..BATCH)
+            .map(|i| {
+                let n = batch * BATCH + i;
+                let mut m = json!({"ch":"c","data":{"n":n,"pad":pad}});
+                if keyed {
+                    m["key"] = json!(format!("k{}", n % 4));
+                }
+                m
+            })
+            .collect();
+        let (s, v) = h.publish(tenant, key, Value::Array(items)).await;
+        assert_eq!(s, 200, "{v}");
+    }
+}
+
+async fn healthy_gets_everything(healthy: &mut Ws, started: Instant) {
+    for seq in 1..=MESSAGES {
+        let m = healthy.next().await;
+        assert_eq!((m["seq"].as_u64(), m["prev"].as_u64()), (Some(seq), Some(seq - 1)));
+    }
+    assert!(started.elapsed() < Duration::from_secs(10), "healthy client was delayed: {:?}", started.elapsed());
+}
+
+async fn setup(policy: &str) -> (Host, String, Ws, Ws) {
+    let h = spawn_host().await;
+    let key = h
+        .tenant(json!({"id":"t","access":"public","limits":{"queue_bytes":131072,"max_message_bytes":8192,"slow_consumer":policy}}))
+        .await;
+    let slow = stalled_subscriber(&h, "t").await;
+    let mut healthy = h.ws("t").await;
+    healthy.sub("c", 1).await;
+    (h, key, slow, healthy)
+}
+
+/// Reads what the slow client finally gets: (seqs seen, gaps seen).
+async fn drain(ws: &mut Ws) -> (Vec<u64>, usize) {
+    let mut seqs = Vec::new();
+    let mut gaps = 0;
+    let mut last = 0;
+    while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(1500), ws.s.next()).await {
+        if let Message::Text(t) = m {
+            let v: Value = serde_json::from_str(&t).unwrap();
+            if v["op"] == "msg" {
+                let (seq, prev) = (v["seq"].as_u64().unwrap(), v["prev"].as_u64().unwrap());
+                assert!(seq > last, "order kept");
+                if prev != last {
+                    gaps += 1;
+                }
+                last = seq;
+                seqs.push(seq);
+            }
+        }
+    }
+    (seqs, gaps)
+}
+
+#[tokio::test]
+async fn disconnect_policy_closes_the_slow_reader_only() {
+    let (h, key, mut slow, mut healthy) = setup("disconnect").await;
+    let started = Instant::now();
+    flood(&h, "t", &key, false).await;
+    healthy_gets_everything(&mut healthy, started).await;
+    assert!(h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"disconnected\"}").await >= 1.0);
+    // The slow reader's stream ends (its close frame may not fit in a full socket).
+    let mut ended = false;
+    for _ in 0..2000 {
+        match tokio::time::timeout(WAIT, slow.s.next()).await {
+            Ok(Some(Ok(Message::Close(f)))) => {
+                if let Some(f) = f {
+                    assert_eq!(u16::from(f.code), 4001);
+                }
+                ended = true;
+                break;
+            }
+            Ok(Some(Ok(_))) => continue,
+            Ok(None) | Ok(Some(Err(_))) => {
+                ended = true;
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    assert!(ended, "slow session was closed");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn drop_oldest_policy_drops_and_shows_gaps() {
+    let (h, key, mut slow, mut healthy) = setup("drop-oldest").await;
+    let started = Instant::now();
+    flood(&h, "t", &key, false).await;
+    healthy_gets_everything(&mut healthy, started).await;
+    assert!(h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"dropped\"}").await >= 1.0);
+    let (seqs, gaps) = drain(&mut slow).await;
+    assert_eq!(seqs.last(), Some(&MESSAGES), "the newest message arrives");
+    assert!(gaps >= 1 && (seqs.len() as u64) < MESSAGES, "drops are visible as gaps: {} seen", seqs.len());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn conflate_policy_keeps_latest_per_key() {
+    let (h, key, mut slow, mut healthy) = setup("conflate").await;
+    let started = Instant::now();
+    flood(&h, "t", &key, true).await;
+    healthy_gets_everything(&mut healthy, started).await;
+    assert!(h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"conflated\"}").await >= 1.0);
+    let (seqs, _) = drain(&mut slow).await;
+    // The last message of every key (the last four seqs) survives conflation.
+    for s in MESSAGES - 3..=MESSAGES {
+        assert!(seqs.contains(&s), "latest of each key delivered: missing {s}");
+    }
+    assert!((seqs.len() as u64) < MESSAGES);
+    h.stop().await;
+}
