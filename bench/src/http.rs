@@ -192,7 +192,7 @@ mod tests {
         assert_eq!(parse_head(b"HTTP/1.1 200 OK\r\nContent-Le").unwrap(), None);
         let h = parse_head(b"HTTP/1.1 201 Created\r\ncontent-length: 12\r\n\r\n{\"a\":1}").unwrap().unwrap();
         assert_eq!((h.status, h.content_length, h.close), (201, Some(12), false));
-        assert_eq!(h.head_len, 39);
+        assert_eq!(h.head_len, 44);
         let h = parse_head(b"HTTP/1.1 503 Busy\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap().unwrap();
         assert!(h.close && h.chunked);
         assert!(parse_head(b"garbage\r\n\r\n").is_err());

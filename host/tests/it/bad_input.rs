@@ -103,9 +103,21 @@ async fn http_errors_name_the_problem() {
     assert_eq!(h.sse("acme", "ch=a%20b", None).await.status, 400);
     assert_eq!(h.sse("nope", "ch=a", None).await.status, 404);
 
-    // A malformed request line gets 400, not a hang.
+    // Unknown routes: 404 with a JSON error.
     let r = h.http.get(h.url("/no/such/route")).send().await.unwrap();
     assert_eq!(r.status(), 404);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "not_found");
+    // A malformed request line gets 400 at once, not a hang.
+    let mut raw = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut raw, b"\x01\x02 garbage\r\n\r\n").await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(WAIT, tokio::io::AsyncReadExt::read_to_string(&mut raw, &mut answer)).await.unwrap().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    // The OpenAPI document describes the admin and publish API.
+    let doc: serde_json::Value = h.http.get(h.url("/admin/v1/openapi.json")).send().await.unwrap().json().await.unwrap();
+    assert!(doc["paths"]["/admin/v1/tenants"]["post"].is_object());
+    assert!(doc["paths"]["/v1/t/{tenant}/publish"]["post"].is_object());
     h.stop().await;
 }
 

@@ -1,0 +1,14 @@
+# Builds the `herald` binary and a small runtime image.
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked -p herald-host
+
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/target/release/herald /usr/local/bin/herald
+ENV HERALD_LISTEN=0.0.0.0:8080 HERALD_DATA_DIR=/var/lib/herald
+VOLUME /var/lib/herald
+EXPOSE 8080
+ENTRYPOINT ["herald"]
+CMD ["serve"]

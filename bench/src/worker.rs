@@ -1,0 +1,207 @@
+//! `bench worker`: a child process that holds a share of the client connections.
+//!
+//! Owns: opening its connections (bounded concurrency, a few retries) from one
+//! loopback source address, then serving the parent's commands on stdin
+//! (`progress`, `stop`; end of input means stop) and answering with one JSON
+//! line each on stdout ([`WorkerMsg`]). One single-threaded runtime, so all
+//! connections share one [`Stats`] without locks. It exits by itself at its
+//! deadline or when the parent goes away (stdin closes).
+
+use crate::client::{Conn, ConnSpec, Transport, OPEN_TIMEOUT};
+use crate::track::{Stats, StatsWire};
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+use std::cell::{Cell, RefCell};
+use std::io::BufRead as _;
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::time::Instant;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    #[arg(long)]
+    pub target: SocketAddr,
+    /// Local address every connection binds before connecting.
+    #[arg(long)]
+    pub source: IpAddr,
+    #[arg(long, default_value = "bench")]
+    pub tenant: String,
+    #[arg(long, value_enum)]
+    pub transport: Transport,
+    #[arg(long)]
+    pub conns: usize,
+    /// Global index of this worker's first connection (decides its channels).
+    #[arg(long, default_value_t = 0)]
+    pub first_conn: usize,
+    #[arg(long, default_value_t = 1)]
+    pub channels: usize,
+    #[arg(long, default_value_t = 1)]
+    pub subs_per_conn: usize,
+    #[arg(long, default_value_t = 256)]
+    pub connect_concurrency: usize,
+    #[arg(long, default_value_t = 120)]
+    pub deadline_secs: u64,
+}
+
+/// One line of a worker's stdout.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkerMsg {
+    Ready { connected: usize, failed: usize, first_error: Option<String>, secs: f64 },
+    Progress { msgs: u64, frames: u64, closed_early: u64 },
+    Report { stats: StatsWire, deadline_hit: bool },
+}
+
+/// Name of channel number `i`.
+pub fn channel_name(i: usize) -> String {
+    format!("c{i}")
+}
+
+/// The channels connection number `conn` (global index) subscribes to:
+/// `subs` consecutive channels starting at `conn * subs`, modulo `channels`.
+pub fn channels_for(conn: usize, channels: usize, subs: usize) -> Vec<String> {
+    let channels = channels.max(1);
+    let subs = subs.clamp(1, channels);
+    (0..subs).map(|j| channel_name((conn * subs + j) % channels)).collect()
+}
+
+fn emit(msg: &WorkerMsg) {
+    // stdout is line-buffered: one line reaches the parent whole.
+    println!("{}", serde_json::to_string(msg).unwrap_or_default());
+}
+
+pub fn main(args: WorkerArgs) -> anyhow::Result<()> {
+    let _ = rlimit::increase_nofile_limit(u64::MAX);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, run(args))
+}
+
+/// Commands from the parent, read on a plain thread (stdin blocks).
+fn stdin_commands() -> mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            match line {
+                Ok(l) => {
+                    if tx.send(l.trim().to_string()).is_err() {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+        // Dropping `tx` tells the worker its parent is gone.
+    });
+    rx
+}
+
+async fn run(args: WorkerArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.deadline_secs);
+    let spec = ConnSpec { target: args.target, source: args.source, tenant: args.tenant.clone(), transport: args.transport };
+    let stats = Rc::new(RefCell::new(Stats::default()));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let permits = Rc::new(Semaphore::new(args.connect_concurrency.max(1)));
+    let connected = Rc::new(Cell::new(0usize));
+    let failed = Rc::new(Cell::new(0usize));
+    let first_error: Rc<RefCell<Option<String>>> = Rc::default();
+    let mut tasks = Vec::with_capacity(args.conns);
+    for i in 0..args.conns {
+        let channels = channels_for(args.first_conn + i, args.channels, args.subs_per_conn);
+        let (spec, stats, stop_rx, permits) = (spec.clone(), stats.clone(), stop_rx.clone(), permits.clone());
+        let (connected, failed, first_error) = (connected.clone(), failed.clone(), first_error.clone());
+        tasks.push(tokio::task::spawn_local(async move {
+            let conn = {
+                let _permit = permits.acquire().await.ok();
+                let mut attempt = 0;
+                loop {
+                    attempt += 1;
+                    let r = tokio::time::timeout(OPEN_TIMEOUT, Conn::open(&spec, &channels, &stats)).await;
+                    let err = match r {
+                        Ok(Ok(c)) => break Some(c),
+                        Ok(Err(e)) => format!("{e:#}"),
+                        Err(_) => format!("no handshake/ack within {OPEN_TIMEOUT:?}"),
+                    };
+                    if attempt >= 3 || *stop_rx.borrow() {
+                        first_error.borrow_mut().get_or_insert(err);
+                        break None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                }
+            };
+            match conn {
+                Some(c) => {
+                    connected.set(connected.get() + 1);
+                    c.run(stop_rx, stats).await;
+                }
+                None => failed.set(failed.get() + 1),
+            }
+        }));
+    }
+    while connected.get() + failed.get() < args.conns && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    emit(&WorkerMsg::Ready {
+        connected: connected.get(),
+        failed: args.conns - connected.get(),
+        first_error: first_error.borrow().clone(),
+        secs: started.elapsed().as_secs_f64(),
+    });
+    let mut commands = stdin_commands();
+    let mut deadline_hit = false;
+    loop {
+        tokio::select! {
+            cmd = commands.recv() => match cmd.as_deref() {
+                Some("progress") => {
+                    let s = stats.borrow();
+                    emit(&WorkerMsg::Progress { msgs: s.msgs, frames: s.frames, closed_early: s.closed_early });
+                }
+                Some("stop") | None => break,
+                Some(_) => {}
+            },
+            _ = tokio::time::sleep_until(deadline) => {
+                deadline_hit = true;
+                break;
+            }
+        }
+    }
+    stop_tx.send(true).context("stopping connections")?;
+    let wait_all = async {
+        for t in &mut tasks {
+            let _ = t.await;
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(5), wait_all).await.is_err() {
+        for t in &tasks {
+            t.abort();
+        }
+    }
+    let report = stats.borrow().to_wire();
+    emit(&WorkerMsg::Report { stats: report, deadline_hit });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_assignment() {
+        assert_eq!(channels_for(0, 1, 1), vec!["c0"]);
+        assert_eq!(channels_for(7, 1, 3), vec!["c0"]);
+        assert_eq!(channels_for(0, 100, 4), vec!["c0", "c1", "c2", "c3"]);
+        assert_eq!(channels_for(25, 100, 4), vec!["c0", "c1", "c2", "c3"]);
+        assert_eq!(channels_for(3, 10, 4), vec!["c2", "c3", "c4", "c5"]);
+    }
+
+    #[test]
+    fn messages_roundtrip() {
+        let m = WorkerMsg::Ready { connected: 3, failed: 1, first_error: Some("x".into()), secs: 0.5 };
+        let s = serde_json::to_string(&m).unwrap();
+        assert!(s.starts_with(r#"{"type":"ready""#), "{s}");
+        assert!(matches!(serde_json::from_str(&s).unwrap(), WorkerMsg::Ready { connected: 3, .. }));
+    }
+}

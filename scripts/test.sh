@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs Herald's whole test suite on a fresh machine: adds the wasm target,
+# starts a throwaway PostgreSQL cluster (initdb into a temp dir, as the
+# postgres user, stopped again on exit), then runs every workspace test with
+# the Postgres registry tests required rather than skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+PG_PORT="${HERALD_TEST_PG_PORT:-55432}"
+
+log() { printf '\n== %s\n' "$*"; }
+
+log "toolchain"
+rustup target add wasm32-wasip2 >/dev/null 2>&1 || rustup target add wasm32-wasip2
+
+if [ ! -x "$PG_BIN/initdb" ]; then
+    log "installing PostgreSQL (initdb not found in $PG_BIN)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    PG_BIN="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
+fi
+
+PG_DIR="$(mktemp -d /tmp/herald-pg.XXXXXX)"
+PG_STARTED=0
+cleanup() {
+    if [ "$PG_STARTED" = 1 ]; then
+        runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast stop >/dev/null 2>&1 || true
+    fi
+    rm -rf "$PG_DIR"
+}
+trap cleanup EXIT
+
+log "throwaway PostgreSQL on 127.0.0.1:$PG_PORT"
+chown postgres "$PG_DIR"
+runuser -u postgres -- "$PG_BIN/initdb" -D "$PG_DIR/data" -A trust -U postgres >/dev/null
+runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w \
+    -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1" start >/dev/null
+PG_STARTED=1
+runuser -u postgres -- "$PG_BIN/createdb" -h "$PG_DIR" -p "$PG_PORT" herald_test
+export HERALD_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:$PG_PORT/herald_test"
+export HERALD_REQUIRE_POSTGRES=1
+
+log "cargo test"
+cargo test --workspace --locked
