@@ -6,7 +6,9 @@
 
 use crate::config::Config;
 use crate::registry::{now_ms, Registry, RegistryError, TenantRecord};
-use crate::tenant::{key_digest, Access, Capacity, LimitOverrides, Tenant, TenantSettings, Tenants};
+use crate::tenant::{
+    key_digest, Access, Capacity, LimitOverrides, Tenant, TenantSettings, Tenants,
+};
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -35,9 +37,16 @@ pub fn settings_from_record(rec: &TenantRecord, config: &Config) -> Result<Tenan
         serde_json::from_value(rec.limits.clone()).map_err(|e| format!("limits: {e}"))?;
     let limits = overrides.apply(&config.limits)?;
     let mut digest = [0u8; 32];
-    let raw = hex_decode(&rec.publish_key_sha256).ok_or("publish key digest is not 64 hex digits")?;
+    let raw =
+        hex_decode(&rec.publish_key_sha256).ok_or("publish key digest is not 64 hex digits")?;
     digest.copy_from_slice(&raw);
-    Ok(TenantSettings { access, config: rec.config.clone(), overrides, limits, publish_key_sha256: digest })
+    Ok(TenantSettings {
+        access,
+        config: rec.config.clone(),
+        overrides,
+        limits,
+        publish_key_sha256: digest,
+    })
 }
 
 pub fn hex(bytes: &[u8]) -> String {
@@ -48,7 +57,10 @@ fn hex_decode(s: &str) -> Option<Vec<u8>> {
     if s.len() != 64 {
         return None;
     }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
 }
 
 /// A fresh random secret (publish keys, generated admin tokens).
@@ -78,6 +90,22 @@ impl App {
         }
     }
 
+    /// An App on a throwaway SQLite registry, for unit tests.
+    #[cfg(test)]
+    pub async fn for_tests() -> Arc<App> {
+        let dir = std::env::temp_dir().join(format!("herald-unit-{}", rand::random::<u64>()));
+        let config = Config::for_data_dir(&dir);
+        let registry = Registry::open(None, &dir).await.expect("test registry");
+        let app = App::new(
+            config,
+            registry,
+            Capacity::new(100),
+            [0; 32],
+            crate::metrics::install(),
+        );
+        Arc::new(app)
+    }
+
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
@@ -96,7 +124,11 @@ impl App {
 
     pub fn check_admin_token(&self, presented: &str) -> bool {
         let got = key_digest(presented);
-        self.admin_token_sha256.iter().zip(got.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        self.admin_token_sha256
+            .iter()
+            .zip(got.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
     }
 
     /// Loads every tenant from the registry. A row that cannot be used is
@@ -110,7 +142,9 @@ impl App {
                     self.tenants.insert(Tenant::new(&rec.id, s, &self.shutdown));
                     n += 1;
                 }
-                Err(e) => tracing::error!(tenant = %rec.id, error = %e, "tenant in registry is invalid; not loaded"),
+                Err(e) => {
+                    tracing::error!(tenant = %rec.id, error = %e, "tenant in registry is invalid; not loaded")
+                }
             }
         }
         Ok(n)
@@ -133,7 +167,8 @@ impl App {
         };
         self.registry.create_tenant(&rec).await?;
         let settings = settings_from_record(&rec, &self.config).map_err(RegistryError::Corrupt)?;
-        self.tenants.insert(Tenant::new("demo", settings, &self.shutdown));
+        self.tenants
+            .insert(Tenant::new("demo", settings, &self.shutdown));
         Ok(Some(key))
     }
 }

@@ -198,10 +198,24 @@ mod tests {
 
     #[test]
     fn bad_flags_name_themselves() {
-        assert!(parse(&["--slow-consumer", "explode"]).unwrap_err().contains("explode"));
-        assert!(parse(&["--queue-bytes", "100"]).unwrap_err().contains("--queue-bytes"));
-        assert!(parse(&["--database-url", "postgres://x"]).unwrap_err().contains("--admin-token"));
-        assert!(parse(&["--admin-token", "short"]).unwrap_err().contains("16"));
-        assert_eq!(parse(&["--slow-consumer", "drop-oldest"]).unwrap().limits.slow_consumer, SlowConsumer::DropOldest);
+        assert!(parse(&["--slow-consumer", "explode"])
+            .unwrap_err()
+            .contains("explode"));
+        assert!(parse(&["--queue-bytes", "100"])
+            .unwrap_err()
+            .contains("--queue-bytes"));
+        assert!(parse(&["--database-url", "postgres://x"])
+            .unwrap_err()
+            .contains("--admin-token"));
+        assert!(parse(&["--admin-token", "short"])
+            .unwrap_err()
+            .contains("16"));
+        assert_eq!(
+            parse(&["--slow-consumer", "drop-oldest"])
+                .unwrap()
+                .limits
+                .slow_consumer,
+            SlowConsumer::DropOldest
+        );
     }
 }

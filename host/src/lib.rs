@@ -66,14 +66,19 @@ async fn resolve_admin_token(config: &Config, registry: &Registry) -> anyhow::Re
     if let Some(stored) = registry.get_setting("admin_token_sha256").await? {
         let mut d = [0u8; 32];
         for (i, chunk) in stored.as_bytes().chunks(2).enumerate().take(32) {
-            d[i] = u8::from_str_radix(std::str::from_utf8(chunk)?, 16).context("stored admin token digest")?;
+            d[i] = u8::from_str_radix(std::str::from_utf8(chunk)?, 16)
+                .context("stored admin token digest")?;
         }
-        tracing::info!("admin token: the one printed at first start (pass --admin-token to replace it)");
+        tracing::info!(
+            "admin token: the one printed at first start (pass --admin-token to replace it)"
+        );
         return Ok(d);
     }
     let token = app::new_secret("adm_");
     let digest = key_digest(&token);
-    registry.put_setting("admin_token_sha256", &app::hex(&digest)).await?;
+    registry
+        .put_setting("admin_token_sha256", &app::hex(&digest))
+        .await?;
     // Printed once, on stdout, like a generated password; only its digest is stored.
     println!("herald: generated admin token (shown once, keep it): {token}");
     Ok(digest)
@@ -86,7 +91,11 @@ fn read_rss_bytes() -> Option<u64> {
 }
 
 /// Runs the server on `listener` until `shutdown` resolves, then drains.
-pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
     let metrics_handle = metrics::install();
     let registry = Registry::open(config.database_url.as_deref(), &config.data_dir)
         .await
@@ -95,17 +104,31 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Ou
     let fd_cap = fd_capacity();
     let max = match config.max_connections {
         Some(m) if m > fd_cap => {
-            tracing::warn!(requested = m, allowed = fd_cap, "--max-connections exceeds what the open-files limit allows; capped");
+            tracing::warn!(
+                requested = m,
+                allowed = fd_cap,
+                "--max-connections exceeds what the open-files limit allows; capped"
+            );
             fd_cap
         }
         Some(m) => m,
         None => fd_cap,
     };
     metrics::set_capacity(max);
-    let app = Arc::new(App::new(config, registry, Capacity::new(max), admin, metrics_handle));
+    let app = Arc::new(App::new(
+        config,
+        registry,
+        Capacity::new(max),
+        admin,
+        metrics_handle,
+    ));
     let loaded = app.load_tenants().await.context("loading tenants")?;
     if app.config.demo_tenant {
-        if let Some(key) = app.ensure_demo_tenant().await.context("creating the demo tenant")? {
+        if let Some(key) = app
+            .ensure_demo_tenant()
+            .await
+            .context("creating the demo tenant")?
+        {
             println!("herald: created public tenant \"demo\"; its publish key (shown once): {key}");
         }
     }
@@ -127,8 +150,14 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Ou
     let _ = accept.await;
     app.tracker.close();
     let grace = app.config.shutdown_grace;
-    if tokio::time::timeout(grace, app.tracker.wait()).await.is_err() {
-        tracing::warn!(remaining = app.tracker.len(), "sessions still open at the shutdown deadline; dropping them");
+    if tokio::time::timeout(grace, app.tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            remaining = app.tracker.len(),
+            "sessions still open at the shutdown deadline; dropping them"
+        );
     }
     watchers.close();
     watchers.wait().await;
@@ -144,15 +173,25 @@ async fn watch_memory(app: Arc<App>) {
             _ = app.shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let Some(rss) = read_rss_bytes() else { continue };
+        let Some(rss) = read_rss_bytes() else {
+            continue;
+        };
         metrics::set_rss(rss);
         if let Some(budget) = app.config.memory_budget_bytes {
             let over = rss >= budget / 100 * 95;
             if over != app.over_memory() {
                 if over {
-                    tracing::warn!(rss, budget, "near the memory budget: refusing new connections");
+                    tracing::warn!(
+                        rss,
+                        budget,
+                        "near the memory budget: refusing new connections"
+                    );
                 } else {
-                    tracing::info!(rss, budget, "back under the memory budget: accepting connections");
+                    tracing::info!(
+                        rss,
+                        budget,
+                        "back under the memory budget: accepting connections"
+                    );
                 }
                 app.set_over_memory(over);
             }

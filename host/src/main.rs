@@ -18,10 +18,15 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).context("--log")?)
         .init();
     match herald::raise_nofile_limit() {
-        Ok(n) => tracing::info!(open_files = n, "raised the open-files limit to its hard limit"),
+        Ok(n) => tracing::info!(
+            open_files = n,
+            "raised the open-files limit to its hard limit"
+        ),
         Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let listener = herald::bind(args.listen, args.listen_backlog, args.reuse_port)
             .with_context(|| format!("binding {}", args.listen))?;

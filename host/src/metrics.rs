@@ -66,7 +66,8 @@ impl TenantMetrics {
     }
 
     pub fn client_error(&self, code: &'static str) {
-        counter!("herald_client_errors_total", "tenant" => self.tenant.clone(), "code" => code).increment(1);
+        counter!("herald_client_errors_total", "tenant" => self.tenant.clone(), "code" => code)
+            .increment(1);
     }
 
     pub fn publish_rejected(&self, reason: &'static str) {

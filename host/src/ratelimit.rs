@@ -16,7 +16,12 @@ pub struct TokenBucket {
 impl TokenBucket {
     pub fn new(rate_per_sec: f64, burst: u32, now: Instant) -> TokenBucket {
         let burst = f64::from(burst.max(1));
-        TokenBucket { rate_per_sec, burst, tokens: burst, last: now }
+        TokenBucket {
+            rate_per_sec,
+            burst,
+            tokens: burst,
+            last: now,
+        }
     }
 
     /// Takes `n` tokens, or returns how long to wait before `n` are available.
@@ -32,7 +37,9 @@ impl TokenBucket {
             return Ok(());
         }
         let missing = (n.min(self.burst) - self.tokens).max(0.0);
-        Err(Duration::from_secs_f64((missing / self.rate_per_sec).max(0.001)))
+        Err(Duration::from_secs_f64(
+            (missing / self.rate_per_sec).max(0.001),
+        ))
     }
 }
 
@@ -48,7 +55,10 @@ mod tests {
             assert!(b.try_take(1, t0).is_ok());
         }
         let wait = b.try_take(1, t0).unwrap_err();
-        assert!(wait > Duration::from_millis(90) && wait <= Duration::from_millis(101), "{wait:?}");
+        assert!(
+            wait > Duration::from_millis(90) && wait <= Duration::from_millis(101),
+            "{wait:?}"
+        );
         assert!(b.try_take(1, t0 + Duration::from_millis(100)).is_ok());
         assert!(b.try_take(1, t0 + Duration::from_millis(100)).is_err());
         // A long pause refills to the burst, not beyond.

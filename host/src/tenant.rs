@@ -56,7 +56,10 @@ pub struct TenantLimits {
 
 impl TenantLimits {
     pub fn history(&self) -> HistoryLimits {
-        HistoryLimits { max_messages: self.history_size, max_age_ms: self.history_ttl_ms }
+        HistoryLimits {
+            max_messages: self.history_size,
+            max_age_ms: self.history_ttl_ms,
+        }
     }
 }
 
@@ -144,7 +147,11 @@ pub fn key_digest(key: &str) -> [u8; 32] {
 
 impl Tenant {
     pub fn new(id: &str, settings: TenantSettings, parent: &CancellationToken) -> Arc<Tenant> {
-        let rate = TokenBucket::new(settings.limits.publish_rate, settings.limits.publish_burst, Instant::now());
+        let rate = TokenBucket::new(
+            settings.limits.publish_rate,
+            settings.limits.publish_burst,
+            Instant::now(),
+        );
         Arc::new(Tenant {
             id: id.into(),
             settings: RwLock::new(Arc::new(settings)),
@@ -163,7 +170,11 @@ impl Tenant {
     /// Installs new settings; closes every session when access changed.
     pub fn update(&self, new: TenantSettings, parent: &CancellationToken) {
         let old = std::mem::replace(&mut *self.settings.write(), Arc::new(new.clone()));
-        *self.rate.lock() = TokenBucket::new(new.limits.publish_rate, new.limits.publish_burst, Instant::now());
+        *self.rate.lock() = TokenBucket::new(
+            new.limits.publish_rate,
+            new.limits.publish_burst,
+            Instant::now(),
+        );
         if old.access != new.access {
             let fresh = parent.child_token();
             std::mem::replace(&mut *self.cancel.write(), fresh).cancel();
@@ -183,7 +194,10 @@ impl Tenant {
         let want = self.settings.read().publish_key_sha256;
         let got = key_digest(presented);
         // Compare digests in constant time so a key cannot be found byte by byte.
-        want.iter().zip(got.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        want.iter()
+            .zip(got.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
     }
 
     /// Takes `n` publish tokens or says how long to wait.
@@ -198,7 +212,9 @@ impl Tenant {
     fn try_acquire(&self, max: Option<usize>) -> bool {
         let max = max.unwrap_or(usize::MAX);
         self.connections
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
             .is_ok()
     }
 }
@@ -256,7 +272,10 @@ impl Refusal {
 
 impl Capacity {
     pub fn new(max: usize) -> Arc<Capacity> {
-        Arc::new(Capacity { max, current: AtomicUsize::new(0) })
+        Arc::new(Capacity {
+            max,
+            current: AtomicUsize::new(0),
+        })
     }
 
     pub fn max(&self) -> usize {
@@ -272,7 +291,9 @@ impl Capacity {
         let max = self.max;
         if self
             .current
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
             .is_err()
         {
             return Err(Refusal::GlobalConnections);
@@ -282,7 +303,10 @@ impl Capacity {
             return Err(Refusal::TenantConnections);
         }
         tenant.metrics.connections.increment(1.0);
-        Ok(ConnectionSlot { capacity: self.clone(), tenant: tenant.clone() })
+        Ok(ConnectionSlot {
+            capacity: self.clone(),
+            tenant: tenant.clone(),
+        })
     }
 }
 
@@ -301,23 +325,38 @@ impl Drop for ConnectionSlot {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn defaults() -> TenantLimits {
         crate::config::Config::for_data_dir("/nonexistent").limits
     }
 
+    pub(crate) fn public_tenant(id: &str) -> Arc<Tenant> {
+        let settings = TenantSettings {
+            access: Access::Public,
+            config: serde_json::json!({}),
+            overrides: LimitOverrides::default(),
+            limits: defaults(),
+            publish_key_sha256: key_digest("k"),
+        };
+        Tenant::new(id, settings, &CancellationToken::new())
+    }
+
     #[test]
     fn overrides_apply_and_validate() {
         let d = defaults();
-        let o: LimitOverrides = serde_json::from_str(r#"{"queue_bytes":100000,"slow_consumer":"disconnect"}"#).unwrap();
+        let o: LimitOverrides =
+            serde_json::from_str(r#"{"queue_bytes":100000,"slow_consumer":"disconnect"}"#).unwrap();
         let l = o.apply(&d).unwrap();
         assert_eq!(l.queue_bytes, 100_000);
         assert_eq!(l.slow_consumer, SlowConsumer::Disconnect);
         assert_eq!(l.max_subscriptions, d.max_subscriptions);
         assert!(serde_json::from_str::<LimitOverrides>(r#"{"queue_byte":1}"#).is_err());
-        let bad = LimitOverrides { queue_bytes: Some(10), ..Default::default() };
+        let bad = LimitOverrides {
+            queue_bytes: Some(10),
+            ..Default::default()
+        };
         assert!(bad.apply(&d).unwrap_err().contains("queue_bytes"));
     }
 

@@ -84,7 +84,9 @@ fn check_limits(app: &App, limits: &Value) -> Result<(), ApiError> {
 async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
     let req: CreateTenant = parse_json(&body)?;
     if !proto::validate_tenant_id(&req.id) {
-        return Err(ApiError::BadRequest("id: must be 1-64 characters of a-z 0-9 _ -".into()));
+        return Err(ApiError::BadRequest(
+            "id: must be 1-64 characters of a-z 0-9 _ -".into(),
+        ));
     }
     let config = req.config.unwrap_or_else(|| json!({}));
     check_config(&config)?;
@@ -113,11 +115,17 @@ async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, Ap
 
 async fn list(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> {
     let rows = app.registry.list_tenants().await?;
-    let items: Vec<Value> = rows.iter().map(|r| view(r, app.tenants.get(&r.id).as_deref())).collect();
+    let items: Vec<Value> = rows
+        .iter()
+        .map(|r| view(r, app.tenants.get(&r.id).as_deref()))
+        .collect();
     Ok(Json(json!({ "tenants": items })))
 }
 
-async fn show(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn show(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     let rec = app.registry.get_tenant(&id).await?;
     Ok(Json(view(&rec, app.tenants.get(&id).as_deref())))
 }
@@ -134,7 +142,11 @@ fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
-async fn update(State(app): State<Arc<App>>, Path(id): Path<String>, body: Bytes) -> Result<Json<Value>, ApiError> {
+async fn update(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
     let req: PatchTenant = parse_json(&body)?;
     let mut rec = app.registry.get_tenant(&id).await?;
     if let Some(a) = req.access {
@@ -169,7 +181,10 @@ async fn update(State(app): State<Arc<App>>, Path(id): Path<String>, body: Bytes
     Ok(Json(view(&rec, Some(&tenant))))
 }
 
-async fn remove(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+async fn remove(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
     app.registry.delete_tenant(&id).await?;
     if let Some(t) = app.tenants.remove(&id) {
         t.shut();
@@ -178,7 +193,10 @@ async fn remove(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<S
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn rotate_key(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn rotate_key(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     let mut rec = app.registry.get_tenant(&id).await?;
     let key = new_secret("pk_");
     rec.publish_key_sha256 = hex(&key_digest(&key));

@@ -91,7 +91,10 @@ impl IntoResponse for ApiError {
                 resp.headers_mut().insert(header::RETRY_AFTER, secs.into());
             }
             ApiError::Unauthorized => {
-                resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    header::HeaderValue::from_static("Bearer"),
+                );
             }
             _ => {}
         }
@@ -114,7 +117,8 @@ async fn require_admin(State(app): State<Arc<App>>, req: Request, next: Next) ->
 }
 
 pub fn router(app: Arc<App>) -> Router {
-    let admin = admin::routes().route_layer(middleware::from_fn_with_state(app.clone(), require_admin));
+    let admin =
+        admin::routes().route_layer(middleware::from_fn_with_state(app.clone(), require_admin));
     Router::new()
         .nest("/admin/v1", admin)
         .merge(publish::routes())
@@ -136,11 +140,19 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.metrics.render()).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        app.metrics.render(),
+    )
+        .into_response()
 }
 
 async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], include_str!("openapi.json")).into_response()
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        include_str!("openapi.json"),
+    )
+        .into_response()
 }
 
 /// Parses a JSON body, naming the field at fault in the error.

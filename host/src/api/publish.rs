@@ -38,10 +38,16 @@ pub(super) fn routes() -> Router<Arc<App>> {
 /// reached the router instead of the front door: send the client to a fresh
 /// connection, where it becomes a lean session.
 async fn reconnect(uri: axum::http::Uri) -> Response {
-    let location = uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
+    let location = uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
     (
         StatusCode::TEMPORARY_REDIRECT,
-        [(header::LOCATION, location), (header::CONNECTION, "close".to_string())],
+        [
+            (header::LOCATION, location),
+            (header::CONNECTION, "close".to_string()),
+        ],
     )
         .into_response()
 }
@@ -67,15 +73,24 @@ async fn publish(
     let (items, batch) = match first {
         Some(b'[') => (super::parse_json::<Vec<PublishItem>>(&body)?, true),
         Some(b'{') => (vec![super::parse_json::<PublishItem>(&body)?], false),
-        _ => return Err(ApiError::BadRequest("body must be a JSON object or an array of objects".into())),
+        _ => {
+            return Err(ApiError::BadRequest(
+                "body must be a JSON object or an array of objects".into(),
+            ))
+        }
     };
     if items.is_empty() {
         return Err(ApiError::BadRequest("batch is empty".into()));
     }
     let limits = tenant.settings().limits.clone();
     for (i, item) in items.iter().enumerate() {
-        let at = if batch { format!("[{i}].") } else { String::new() };
-        proto::validate_channel(&item.ch).map_err(|e| ApiError::BadRequest(format!("{at}ch: {e}")))?;
+        let at = if batch {
+            format!("[{i}].")
+        } else {
+            String::new()
+        };
+        proto::validate_channel(&item.ch)
+            .map_err(|e| ApiError::BadRequest(format!("{at}ch: {e}")))?;
         let size = item.data.get().len();
         if size > limits.max_message_bytes {
             tenant.metrics.publish_rejected("too_big");
@@ -86,7 +101,9 @@ async fn publish(
         }
         if let Some(k) = &item.key {
             if k.is_empty() || k.len() > 128 {
-                return Err(ApiError::BadRequest(format!("{at}key: must be 1-128 bytes")));
+                return Err(ApiError::BadRequest(format!(
+                    "{at}key: must be 1-128 bytes"
+                )));
             }
         }
     }
@@ -98,12 +115,20 @@ async fn publish(
     let history = limits.history();
     let mut results = Vec::with_capacity(items.len());
     for item in &items {
-        let out = Outgoing { ch: &item.ch, payload: item.data.get().as_bytes(), kind: PayloadKind::Json, key: item.key.as_deref() };
+        let out = Outgoing {
+            ch: &item.ch,
+            payload: item.data.get().as_bytes(),
+            kind: PayloadKind::Json,
+            key: item.key.as_deref(),
+        };
         let (seq, report) = tenant.hub.publish(out, history, now);
         tenant.metrics.published.increment(1);
         tenant.metrics.conflated.increment(report.conflated as u64);
         tenant.metrics.dropped.increment(report.dropped as u64);
-        tenant.metrics.disconnected.increment(report.disconnected as u64);
+        tenant
+            .metrics
+            .disconnected
+            .increment(report.disconnected as u64);
         results.push(serde_json::json!({"ch": item.ch, "seq": seq, "delivered": report.delivered}));
     }
     let body = if batch {

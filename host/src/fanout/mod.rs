@@ -142,7 +142,9 @@ pub struct Hub {
 
 impl Default for Hub {
     fn default() -> Self {
-        Hub { channels: Mutex::new(HashMap::new()) }
+        Hub {
+            channels: Mutex::new(HashMap::new()),
+        }
     }
 }
 
@@ -176,7 +178,12 @@ impl Hub {
 
     /// Assigns the next position, records history, and queues the frame for
     /// every subscriber. Never waits on a socket.
-    pub fn publish(&self, msg: Outgoing<'_>, limits: HistoryLimits, now_ms: u64) -> (u64, PublishReport) {
+    pub fn publish(
+        &self,
+        msg: Outgoing<'_>,
+        limits: HistoryLimits,
+        now_ms: u64,
+    ) -> (u64, PublishReport) {
         let chan = self.channel(msg.ch);
         let mut c = chan.lock();
         let prev = c.seq;
@@ -223,11 +230,20 @@ impl Hub {
         c.trim(limits, now_ms);
         let head = c.seq;
         before_replay(c.epoch, head);
-        let mut result = SubscribeResult { epoch: c.epoch, head, gap: None, replayed: 0 };
+        let mut result = SubscribeResult {
+            epoch: c.epoch,
+            head,
+            gap: None,
+            replayed: 0,
+        };
         if let Some((since, epoch)) = resume {
             // A different epoch means the positions the client holds belong to
             // a lost history: everything it cannot get here is a gap.
-            let since = if epoch.is_some_and(|e| e != c.epoch) || since > head { 0 } else { since };
+            let since = if epoch.is_some_and(|e| e != c.epoch) || since > head {
+                0
+            } else {
+                since
+            };
             let first = c.history.front().map_or(head + 1, |m| m.seq);
             if since + 1 < first && since < head {
                 let to = first - 1;
@@ -272,10 +288,18 @@ mod tests {
     use super::*;
     use crate::fanout::queue::{Item, SlowConsumer};
 
-    const LIMITS: HistoryLimits = HistoryLimits { max_messages: 3, max_age_ms: 60_000 };
+    const LIMITS: HistoryLimits = HistoryLimits {
+        max_messages: 3,
+        max_age_ms: 60_000,
+    };
 
     fn out(ch: &str) -> Outgoing<'_> {
-        Outgoing { ch, payload: b"{\"v\":1}", kind: PayloadKind::Json, key: None }
+        Outgoing {
+            ch,
+            payload: b"{\"v\":1}",
+            kind: PayloadKind::Json,
+            key: None,
+        }
     }
 
     fn session() -> Arc<SessionHandle> {
@@ -337,7 +361,10 @@ mod tests {
     #[test]
     fn history_expires_by_age_and_sweep_drops_idle_channels() {
         let hub = Hub::default();
-        let limits = HistoryLimits { max_messages: 10, max_age_ms: 100 };
+        let limits = HistoryLimits {
+            max_messages: 10,
+            max_age_ms: 100,
+        };
         hub.publish(out("a"), limits, 0);
         let s = session();
         let r = hub.subscribe("a", &s, Some((0, None)), limits, 50, |_, _| {});
@@ -353,9 +380,23 @@ mod tests {
         let hub = Hub::default();
         let s = SessionHandle::new(Wire::Ws, 100, SlowConsumer::Disconnect);
         hub.subscribe("a", &s, None, LIMITS, 0, |_, _| {});
-        let (_, r1) = hub.publish(Outgoing { payload: &[b'1'; 30], ..out("a") }, LIMITS, 0);
+        let (_, r1) = hub.publish(
+            Outgoing {
+                payload: &[b'1'; 30],
+                ..out("a")
+            },
+            LIMITS,
+            0,
+        );
         assert_eq!(r1.delivered, 1);
-        let (_, r2) = hub.publish(Outgoing { payload: &[b'1'; 30], ..out("a") }, LIMITS, 0);
+        let (_, r2) = hub.publish(
+            Outgoing {
+                payload: &[b'1'; 30],
+                ..out("a")
+            },
+            LIMITS,
+            0,
+        );
         assert_eq!(r2.disconnected, 1);
         assert!(s.close_reason().is_some());
         let (_, r3) = hub.publish(out("a"), LIMITS, 0);

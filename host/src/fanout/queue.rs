@@ -96,7 +96,13 @@ impl OutQueue {
     }
 
     /// Queues `item`, applying `policy` if that would exceed `limit` bytes.
-    pub fn push(&mut self, item: Item, wire: Wire, limit: usize, policy: SlowConsumer) -> PushOutcome {
+    pub fn push(
+        &mut self,
+        item: Item,
+        wire: Wire,
+        limit: usize,
+        policy: SlowConsumer,
+    ) -> PushOutcome {
         let len = item.wire_len(wire);
         if self.bytes + len <= limit {
             return self.append(item, len, PushOutcome::Queued);
@@ -140,7 +146,9 @@ impl OutQueue {
 
     fn remove_same_key(&mut self, item: &Item, wire: Wire) -> usize {
         let Item::Msg(new) = item else { return 0 };
-        let Some(key) = new.key.as_deref() else { return 0 };
+        let Some(key) = new.key.as_deref() else {
+            return 0;
+        };
         let before = self.items.len();
         let mut freed = 0;
         self.items.retain(|q| match q {
@@ -204,7 +212,15 @@ mod tests {
     fn under_limit_everything_queues() {
         let mut q = OutQueue::default();
         for s in 1..=3 {
-            assert_eq!(q.push(msg("a", s, None, 10), Wire::Ws, 100, SlowConsumer::Disconnect), PushOutcome::Queued);
+            assert_eq!(
+                q.push(
+                    msg("a", s, None, 10),
+                    Wire::Ws,
+                    100,
+                    SlowConsumer::Disconnect
+                ),
+                PushOutcome::Queued
+            );
         }
         assert_eq!(q.bytes(), 30);
         assert_eq!(seqs(&mut q), vec![1, 2, 3]);
@@ -214,15 +230,33 @@ mod tests {
     #[test]
     fn disconnect_policy_overflows() {
         let mut q = OutQueue::default();
-        q.push(msg("a", 1, None, 60), Wire::Ws, 100, SlowConsumer::Disconnect);
-        assert_eq!(q.push(msg("a", 2, None, 60), Wire::Ws, 100, SlowConsumer::Disconnect), PushOutcome::Overflow);
+        q.push(
+            msg("a", 1, None, 60),
+            Wire::Ws,
+            100,
+            SlowConsumer::Disconnect,
+        );
+        assert_eq!(
+            q.push(
+                msg("a", 2, None, 60),
+                Wire::Ws,
+                100,
+                SlowConsumer::Disconnect
+            ),
+            PushOutcome::Overflow
+        );
     }
 
     #[test]
     fn drop_oldest_keeps_newest_and_bound() {
         let mut q = OutQueue::default();
         for s in 1..=10 {
-            q.push(msg("a", s, None, 30), Wire::Ws, 100, SlowConsumer::DropOldest);
+            q.push(
+                msg("a", s, None, 30),
+                Wire::Ws,
+                100,
+                SlowConsumer::DropOldest,
+            );
             assert!(q.bytes() <= 100);
         }
         assert_eq!(seqs(&mut q), vec![8, 9, 10]);
@@ -235,10 +269,19 @@ mod tests {
         q.push(msg("t", 1, Some("AAPL"), 30), Wire::Ws, 100, p);
         q.push(msg("t", 2, Some("MSFT"), 30), Wire::Ws, 100, p);
         q.push(msg("t", 3, Some("GOOG"), 30), Wire::Ws, 100, p);
-        assert_eq!(q.push(msg("t", 4, Some("AAPL"), 30), Wire::Ws, 100, p), PushOutcome::Conflated(1));
-        assert_eq!(q.push(msg("t", 5, Some("MSFT"), 30), Wire::Ws, 100, p), PushOutcome::Conflated(1));
+        assert_eq!(
+            q.push(msg("t", 4, Some("AAPL"), 30), Wire::Ws, 100, p),
+            PushOutcome::Conflated(1)
+        );
+        assert_eq!(
+            q.push(msg("t", 5, Some("MSFT"), 30), Wire::Ws, 100, p),
+            PushOutcome::Conflated(1)
+        );
         // Same key on another channel is another stream.
-        assert!(matches!(q.push(msg("u", 6, Some("AAPL"), 30), Wire::Ws, 100, p), PushOutcome::Conflated(_)));
+        assert!(matches!(
+            q.push(msg("u", 6, Some("AAPL"), 30), Wire::Ws, 100, p),
+            PushOutcome::Conflated(_)
+        ));
         let s = seqs(&mut q);
         assert!(s.windows(2).all(|w| w[0] < w[1]), "order kept: {s:?}");
         assert!(s.contains(&5) && s.contains(&6));
@@ -247,9 +290,19 @@ mod tests {
     #[test]
     fn control_frames_survive_message_drops() {
         let mut q = OutQueue::default();
-        q.push(Item::Ctrl(Bytes::from_static(&[0; 20])), Wire::Ws, 100, SlowConsumer::DropOldest);
+        q.push(
+            Item::Ctrl(Bytes::from_static(&[0; 20])),
+            Wire::Ws,
+            100,
+            SlowConsumer::DropOldest,
+        );
         for s in 1..=5 {
-            q.push(msg("a", s, None, 30), Wire::Ws, 100, SlowConsumer::DropOldest);
+            q.push(
+                msg("a", s, None, 30),
+                Wire::Ws,
+                100,
+                SlowConsumer::DropOldest,
+            );
         }
         let items = q.take();
         assert!(matches!(items[0], Item::Ctrl(_)));
@@ -257,7 +310,12 @@ mod tests {
         let mut q = OutQueue::default();
         let mut last = PushOutcome::Queued;
         for _ in 0..20 {
-            last = q.push(Item::Ctrl(Bytes::from_static(&[0; 10])), Wire::Ws, 100, SlowConsumer::Conflate);
+            last = q.push(
+                Item::Ctrl(Bytes::from_static(&[0; 10])),
+                Wire::Ws,
+                100,
+                SlowConsumer::Conflate,
+            );
         }
         assert_eq!(last, PushOutcome::Overflow);
     }
@@ -265,6 +323,14 @@ mod tests {
     #[test]
     fn message_larger_than_queue_overflows() {
         let mut q = OutQueue::default();
-        assert_eq!(q.push(msg("a", 1, None, 200), Wire::Ws, 100, SlowConsumer::DropOldest), PushOutcome::Overflow);
+        assert_eq!(
+            q.push(
+                msg("a", 1, None, 200),
+                Wire::Ws,
+                100,
+                SlowConsumer::DropOldest
+            ),
+            PushOutcome::Overflow
+        );
     }
 }

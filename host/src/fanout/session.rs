@@ -55,7 +55,13 @@ pub struct SessionHandle {
 
 impl SessionHandle {
     pub fn new(wire: Wire, limit_bytes: usize, policy: SlowConsumer) -> Arc<SessionHandle> {
-        Arc::new(SessionHandle { wire, limit_bytes, policy, state: Mutex::default(), wake: Notify::new() })
+        Arc::new(SessionHandle {
+            wire,
+            limit_bytes,
+            policy,
+            state: Mutex::default(),
+            wake: Notify::new(),
+        })
     }
 
     pub fn wire(&self) -> Wire {
@@ -71,7 +77,10 @@ impl SessionHandle {
         if st.closed.is_some() {
             return Delivery::Closed;
         }
-        let d = match st.queue.push(item, self.wire, self.limit_bytes, self.policy) {
+        let d = match st
+            .queue
+            .push(item, self.wire, self.limit_bytes, self.policy)
+        {
             PushOutcome::Queued => Delivery::Queued,
             PushOutcome::Conflated(n) => Delivery::Conflated(n),
             PushOutcome::DroppedOldest(n) => Delivery::DroppedOldest(n),

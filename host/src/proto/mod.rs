@@ -140,7 +140,10 @@ pub fn parse_client_op(text: &[u8]) -> Result<ClientOp, OpError> {
         Some("ping") => Ok(ClientOp::Ping { id }),
         Some(other) => Err(bad(
             ErrorCode::UnknownOp,
-            format!("unknown op {:?}; expected sub, unsub or ping", truncate(other, 32)),
+            format!(
+                "unknown op {:?}; expected sub, unsub or ping",
+                truncate(other, 32)
+            ),
         )),
         None => Err(bad(ErrorCode::BadRequest, "field `op` is required".into())),
     }
@@ -267,7 +270,10 @@ mod tests {
         assert!(validate_channel("ticks.AAPL").is_ok());
         assert!(validate_channel("a:b@c-d_e").is_ok());
         assert_eq!(validate_channel(""), Err(ChannelNameError::Empty));
-        assert_eq!(validate_channel(&"a".repeat(129)), Err(ChannelNameError::TooLong));
+        assert_eq!(
+            validate_channel(&"a".repeat(129)),
+            Err(ChannelNameError::TooLong)
+        );
         assert!(validate_channel(&"a".repeat(128)).is_ok());
         assert_eq!(validate_channel("a b"), Err(ChannelNameError::BadChar(' ')));
         assert_eq!(validate_channel("é"), Err(ChannelNameError::BadChar('é')));
@@ -277,24 +283,44 @@ mod tests {
     fn parses_ops() {
         assert_eq!(
             parse_client_op(br#"{"op":"sub","ch":"ticks.AAPL","since":41,"id":7}"#),
-            Ok(ClientOp::Sub { ch: "ticks.AAPL".into(), since: Some(41), epoch: None, id: Some(7) })
+            Ok(ClientOp::Sub {
+                ch: "ticks.AAPL".into(),
+                since: Some(41),
+                epoch: None,
+                id: Some(7)
+            })
         );
         assert_eq!(
             parse_client_op(br#"{"op":"unsub","ch":"x","id":8}"#),
-            Ok(ClientOp::Unsub { ch: "x".into(), id: Some(8) })
+            Ok(ClientOp::Unsub {
+                ch: "x".into(),
+                id: Some(8)
+            })
         );
-        assert_eq!(parse_client_op(br#"{"op":"ping"}"#), Ok(ClientOp::Ping { id: None }));
+        assert_eq!(
+            parse_client_op(br#"{"op":"ping"}"#),
+            Ok(ClientOp::Ping { id: None })
+        );
     }
 
     #[test]
     fn rejects_bad_ops_with_codes() {
-        assert_eq!(parse_client_op(b"{nope").unwrap_err().code, ErrorCode::BadRequest);
+        assert_eq!(
+            parse_client_op(b"{nope").unwrap_err().code,
+            ErrorCode::BadRequest
+        );
         let e = parse_client_op(br#"{"op":"dance","id":3}"#).unwrap_err();
         assert_eq!((e.code, e.id), (ErrorCode::UnknownOp, Some(3)));
         let e = parse_client_op(br#"{"op":"sub","ch":"bad name","id":4}"#).unwrap_err();
         assert_eq!((e.code, e.id), (ErrorCode::BadChannel, Some(4)));
-        assert_eq!(parse_client_op(br#"{"op":"sub"}"#).unwrap_err().code, ErrorCode::BadRequest);
-        assert_eq!(parse_client_op(br#"[1,2]"#).unwrap_err().code, ErrorCode::BadRequest);
+        assert_eq!(
+            parse_client_op(br#"{"op":"sub"}"#).unwrap_err().code,
+            ErrorCode::BadRequest
+        );
+        assert_eq!(
+            parse_client_op(br#"[1,2]"#).unwrap_err().code,
+            ErrorCode::BadRequest
+        );
     }
 
     #[test]

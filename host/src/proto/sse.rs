@@ -81,7 +81,10 @@ mod tests {
         let mut out = BytesMut::new();
         write_id_line(&mut out, &[(7, 42), (9, 0)]);
         assert_eq!(&out[..], b"id: 7:42,9:0\n\n");
-        assert_eq!(parse_last_event_id("7:42,9:0", 2), Some(vec![(7, 42), (9, 0)]));
+        assert_eq!(
+            parse_last_event_id("7:42,9:0", 2),
+            Some(vec![(7, 42), (9, 0)])
+        );
         assert_eq!(parse_last_event_id("7:42", 2), None);
         assert_eq!(parse_last_event_id("x:1", 1), None);
         assert_eq!(parse_last_event_id("", 1), None);

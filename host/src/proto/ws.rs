@@ -135,7 +135,9 @@ pub fn decode_frame(
     let b0 = buf[0];
     let b1 = buf[1];
     if b0 & 0x70 != 0 {
-        return Err(FrameError::Protocol("reserved bits set without an extension"));
+        return Err(FrameError::Protocol(
+            "reserved bits set without an extension",
+        ));
     }
     let opcode = OpCode::from_u8(b0 & 0x0f).ok_or(FrameError::Protocol("unknown opcode"))?;
     let fin = b0 & 0x80 != 0;
@@ -166,10 +168,15 @@ pub fn decode_frame(
         n => u64::from(n),
     };
     if opcode.is_control() && (len > 125 || !fin) {
-        return Err(FrameError::Protocol("control frame fragmented or longer than 125 bytes"));
+        return Err(FrameError::Protocol(
+            "control frame fragmented or longer than 125 bytes",
+        ));
     }
     if len > max_payload as u64 {
-        return Err(FrameError::TooBig { size: len, limit: max_payload });
+        return Err(FrameError::TooBig {
+            size: len,
+            limit: max_payload,
+        });
     }
     let len = len as usize;
     let mask = if masked {
@@ -190,7 +197,12 @@ pub fn decode_frame(
             *b ^= m[i & 3];
         }
     }
-    Ok(Some(FrameHead { fin, opcode, payload_start: pos, payload_len: len }))
+    Ok(Some(FrameHead {
+        fin,
+        opcode,
+        payload_start: pos,
+        payload_len: len,
+    }))
 }
 
 /// A complete message or control frame, after reassembly.
@@ -220,24 +232,29 @@ impl Assembler {
         max_message: usize,
     ) -> Result<Option<Message>, FrameError> {
         match head.opcode {
-            OpCode::Ping => return Ok(Some(Message::Ping(payload.to_vec()))),
-            OpCode::Pong => return Ok(Some(Message::Pong)),
+            OpCode::Ping => Ok(Some(Message::Ping(payload.to_vec()))),
+            OpCode::Pong => Ok(Some(Message::Pong)),
             OpCode::Close => {
                 let code = match payload.len() {
                     0 => None,
                     1 => return Err(FrameError::Protocol("close payload of one byte")),
                     _ => Some(u16::from_be_bytes([payload[0], payload[1]])),
                 };
-                return Ok(Some(Message::Close(code)));
+                Ok(Some(Message::Close(code)))
             }
             OpCode::Continuation => {
                 let Some((_, buf)) = self.partial.as_mut() else {
-                    return Err(FrameError::Protocol("continuation without a started message"));
+                    return Err(FrameError::Protocol(
+                        "continuation without a started message",
+                    ));
                 };
                 if buf.len() + payload.len() > max_message {
                     let size = (buf.len() + payload.len()) as u64;
                     self.partial = None;
-                    return Err(FrameError::TooBig { size, limit: max_message });
+                    return Err(FrameError::TooBig {
+                        size,
+                        limit: max_message,
+                    });
                 }
                 buf.extend_from_slice(payload);
                 if !head.fin {
@@ -248,7 +265,9 @@ impl Assembler {
             }
             OpCode::Text | OpCode::Binary => {
                 if self.partial.is_some() {
-                    return Err(FrameError::Protocol("new message before the previous one ended"));
+                    return Err(FrameError::Protocol(
+                        "new message before the previous one ended",
+                    ));
                 }
                 if head.fin {
                     return finish(head.opcode, payload.to_vec()).map(Some);
@@ -324,7 +343,10 @@ mod tests {
 
     #[test]
     fn rfc_accept_key() {
-        assert_eq!(accept_key("dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+        assert_eq!(
+            accept_key("dGhlIHNhbXBsZSBub25jZQ=="),
+            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
     }
 
     fn roundtrip(len: usize) {
@@ -333,10 +355,16 @@ mod tests {
         // Every prefix is "need more".
         for cut in 0..f.len() {
             let mut part = f[..cut].to_vec();
-            assert_eq!(decode_frame(&mut part, Role::FromClient, 1 << 20), Ok(None), "cut {cut}");
+            assert_eq!(
+                decode_frame(&mut part, Role::FromClient, 1 << 20),
+                Ok(None),
+                "cut {cut}"
+            );
         }
         let total = f.len();
-        let head = decode_frame(&mut f, Role::FromClient, 1 << 20).unwrap().unwrap();
+        let head = decode_frame(&mut f, Role::FromClient, 1 << 20)
+            .unwrap()
+            .unwrap();
         assert_eq!(head.frame_len(), total);
         assert_eq!(&f[head.payload_start..head.frame_len()], &payload[..]);
     }
@@ -351,7 +379,9 @@ mod tests {
     #[test]
     fn server_frames_decode_on_client_side() {
         let mut f = encode_frame(OpCode::Text, b"hello").to_vec();
-        let h = decode_frame(&mut f, Role::FromServer, 100).unwrap().unwrap();
+        let h = decode_frame(&mut f, Role::FromServer, 100)
+            .unwrap()
+            .unwrap();
         assert_eq!(&f[h.payload_start..h.frame_len()], b"hello");
         assert!(decode_frame(&mut f, Role::FromClient, 100).is_err());
     }
@@ -366,7 +396,10 @@ mod tests {
         let mut big = encode_client_frame(OpCode::Text, &[b'a'; 200], [0; 4]).to_vec();
         assert_eq!(
             decode_frame(&mut big, Role::FromClient, 100),
-            Err(FrameError::TooBig { size: 200, limit: 100 })
+            Err(FrameError::TooBig {
+                size: 200,
+                limit: 100
+            })
         );
         let mut rsv = vec![0xC1, 0x80, 0, 0, 0, 0];
         assert!(decode_frame(&mut rsv, Role::FromClient, 100).is_err());
@@ -377,16 +410,30 @@ mod tests {
     #[test]
     fn reassembles_fragments_and_checks_utf8() {
         let mut a = Assembler::default();
-        let h = |fin, opcode, len| FrameHead { fin, opcode, payload_start: 0, payload_len: len };
+        let h = |fin, opcode, len| FrameHead {
+            fin,
+            opcode,
+            payload_start: 0,
+            payload_len: len,
+        };
         assert_eq!(a.push(h(false, OpCode::Text, 3), b"hel", 100), Ok(None));
-        assert_eq!(a.push(h(true, OpCode::Ping, 0), b"", 100), Ok(Some(Message::Ping(vec![]))));
+        assert_eq!(
+            a.push(h(true, OpCode::Ping, 0), b"", 100),
+            Ok(Some(Message::Ping(vec![])))
+        );
         assert_eq!(
             a.push(h(true, OpCode::Continuation, 2), b"lo", 100),
             Ok(Some(Message::Text(b"hello".to_vec())))
         );
         assert!(a.push(h(true, OpCode::Continuation, 1), b"x", 100).is_err());
-        assert_eq!(a.push(h(true, OpCode::Text, 2), &[0xff, 0xfe], 100), Err(FrameError::BadUtf8));
-        assert_eq!(a.push(h(false, OpCode::Text, 60), &[b'a'; 60], 100), Ok(None));
+        assert_eq!(
+            a.push(h(true, OpCode::Text, 2), &[0xff, 0xfe], 100),
+            Err(FrameError::BadUtf8)
+        );
+        assert_eq!(
+            a.push(h(false, OpCode::Text, 60), &[b'a'; 60], 100),
+            Ok(None)
+        );
         assert!(matches!(
             a.push(h(true, OpCode::Continuation, 60), &[b'a'; 60], 100),
             Err(FrameError::TooBig { .. })
@@ -398,8 +445,13 @@ mod tests {
         let c = encode_close(1008, &"é".repeat(100));
         assert!(c.len() <= 127);
         let mut v = c.to_vec();
-        let h = decode_frame(&mut v, Role::FromServer, 200).unwrap().unwrap();
-        assert_eq!(&v[h.payload_start..h.payload_start + 2], &1008u16.to_be_bytes());
+        let h = decode_frame(&mut v, Role::FromServer, 200)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            &v[h.payload_start..h.payload_start + 2],
+            &1008u16.to_be_bytes()
+        );
         assert!(std::str::from_utf8(&v[h.payload_start + 2..h.frame_len()]).is_ok());
     }
 }

@@ -51,7 +51,9 @@ pub struct Registry {
 }
 
 pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Registry {
@@ -67,7 +69,10 @@ impl Registry {
                         format!("cannot create data dir {}: {e}", data_dir.display()).into(),
                     ))
                 })?;
-                format!("sqlite://{}?mode=rwc", data_dir.join("registry.db").display())
+                format!(
+                    "sqlite://{}?mode=rwc",
+                    data_dir.join("registry.db").display()
+                )
             }
         };
         let backend = if url.starts_with("postgres:") || url.starts_with("postgresql:") {
@@ -80,7 +85,10 @@ impl Registry {
             )));
         };
         let max = if backend == Backend::Sqlite { 1 } else { 8 };
-        let pool = AnyPoolOptions::new().max_connections(max).connect(&url).await?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(max)
+            .connect(&url)
+            .await?;
         match backend {
             Backend::Sqlite => sqlx::migrate!("../migrations/sqlite").run(&pool).await?,
             Backend::Postgres => sqlx::migrate!("../migrations/postgres").run(&pool).await?,
@@ -99,7 +107,8 @@ impl Registry {
     fn tenant_from_row(row: &AnyRow) -> Result<TenantRecord, RegistryError> {
         let json = |col: &str| -> Result<serde_json::Value, RegistryError> {
             let s: String = row.try_get(col)?;
-            serde_json::from_str(&s).map_err(|e| RegistryError::Corrupt(format!("tenants.{col}: {e}")))
+            serde_json::from_str(&s)
+                .map_err(|e| RegistryError::Corrupt(format!("tenants.{col}: {e}")))
         };
         Ok(TenantRecord {
             id: row.try_get("id")?,
@@ -175,7 +184,10 @@ impl Registry {
     }
 
     pub async fn delete_tenant(&self, id: &str) -> Result<(), RegistryError> {
-        let r = sqlx::query("DELETE FROM tenants WHERE id = $1").bind(id).execute(&self.pool).await?;
+        let r = sqlx::query("DELETE FROM tenants WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
         if r.rows_affected() == 0 {
             return Err(RegistryError::NotFound(format!("tenant {id:?}")));
         }

@@ -19,18 +19,35 @@ fn record(id: &str) -> TenantRecord {
 async fn exercise(reg: &Registry, prefix: &str) {
     let a = record(&format!("{prefix}a"));
     reg.create_tenant(&a).await.unwrap();
-    assert!(matches!(reg.create_tenant(&a).await, Err(RegistryError::Conflict(_))));
+    assert!(matches!(
+        reg.create_tenant(&a).await,
+        Err(RegistryError::Conflict(_))
+    ));
     assert_eq!(reg.get_tenant(&a.id).await.unwrap(), a);
     let mut changed = a.clone();
     changed.access = "plugin".into();
     changed.updated_at_ms = 2;
     reg.update_tenant(&changed).await.unwrap();
     assert_eq!(reg.get_tenant(&a.id).await.unwrap().access, "plugin");
-    assert!(reg.list_tenants().await.unwrap().iter().any(|t| t.id == a.id));
-    assert!(matches!(reg.update_tenant(&record(&format!("{prefix}zz"))).await, Err(RegistryError::NotFound(_))));
+    assert!(reg
+        .list_tenants()
+        .await
+        .unwrap()
+        .iter()
+        .any(|t| t.id == a.id));
+    assert!(matches!(
+        reg.update_tenant(&record(&format!("{prefix}zz"))).await,
+        Err(RegistryError::NotFound(_))
+    ));
     reg.delete_tenant(&a.id).await.unwrap();
-    assert!(matches!(reg.delete_tenant(&a.id).await, Err(RegistryError::NotFound(_))));
-    assert!(matches!(reg.get_tenant(&a.id).await, Err(RegistryError::NotFound(_))));
+    assert!(matches!(
+        reg.delete_tenant(&a.id).await,
+        Err(RegistryError::NotFound(_))
+    ));
+    assert!(matches!(
+        reg.get_tenant(&a.id).await,
+        Err(RegistryError::NotFound(_))
+    ));
     let key = format!("{prefix}k");
     assert_eq!(reg.get_setting(&key).await.unwrap(), None);
     reg.put_setting(&key, "v1").await.unwrap();
@@ -47,7 +64,10 @@ async fn sqlite_schema_works_and_survives_reopen() {
     reg.create_tenant(&record("kept")).await.unwrap();
     reg.close().await;
     let again = Registry::open(None, dir.path()).await.unwrap();
-    assert_eq!(again.get_tenant("kept").await.unwrap().config, serde_json::json!({"a": 1}));
+    assert_eq!(
+        again.get_tenant("kept").await.unwrap().config,
+        serde_json::json!({"a": 1})
+    );
 }
 
 #[tokio::test]

@@ -46,7 +46,12 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
                 headers: req
                     .headers
                     .iter()
-                    .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).into_owned()))
+                    .map(|h| {
+                        (
+                            h.name.to_ascii_lowercase(),
+                            String::from_utf8_lossy(h.value).into_owned(),
+                        )
+                    })
                     .collect(),
                 len,
             }))
@@ -60,7 +65,10 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
 
 impl RequestHead {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// True when a comma-separated header contains `token` (case-insensitive).
@@ -82,15 +90,21 @@ impl RequestHead {
 
     /// True when the request carries a body the front door would have to read.
     pub fn has_body(&self) -> bool {
-        self.header("content-length").is_some_and(|v| v.trim() != "0") || self.header("transfer-encoding").is_some()
+        self.header("content-length")
+            .is_some_and(|v| v.trim() != "0")
+            || self.header("transfer-encoding").is_some()
     }
 }
 
 /// Where the front door sends a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
-    WebSocket { tenant: String },
-    Sse { tenant: String },
+    WebSocket {
+        tenant: String,
+    },
+    Sse {
+        tenant: String,
+    },
     /// Everything else goes to the HTTP router.
     Http,
 }
@@ -103,10 +117,12 @@ pub fn route(head: &RequestHead) -> Route {
         return Route::Http;
     };
     match rest.split_once('/') {
-        Some((tenant, "ws")) if head.header_has_token("upgrade", "websocket") => {
-            Route::WebSocket { tenant: tenant.to_string() }
-        }
-        Some((tenant, "sse")) => Route::Sse { tenant: tenant.to_string() },
+        Some((tenant, "ws")) if head.header_has_token("upgrade", "websocket") => Route::WebSocket {
+            tenant: tenant.to_string(),
+        },
+        Some((tenant, "sse")) => Route::Sse {
+            tenant: tenant.to_string(),
+        },
         _ => Route::Http,
     }
 }
@@ -120,24 +136,46 @@ mod tests {
         let raw = b"GET /v1/t/acme/ws?token=x HTTP/1.1\r\nHost: a\r\nUpgrade: WebSocket\r\nConnection: keep-alive, Upgrade\r\n\r\n\x81";
         let h = parse_head(raw).unwrap().unwrap();
         assert_eq!(h.len, raw.len() - 1);
-        assert_eq!(route(&h), Route::WebSocket { tenant: "acme".into() });
+        assert_eq!(
+            route(&h),
+            Route::WebSocket {
+                tenant: "acme".into()
+            }
+        );
         assert!(h.header_has_token("connection", "upgrade"));
-        assert_eq!(h.query_pairs(), vec![("token".to_string(), "x".to_string())]);
+        assert_eq!(
+            h.query_pairs(),
+            vec![("token".to_string(), "x".to_string())]
+        );
 
-        let sse = parse_head(b"GET /v1/t/acme/sse?ch=a&ch=b%2Ec HTTP/1.1\r\n\r\n").unwrap().unwrap();
-        assert_eq!(route(&sse), Route::Sse { tenant: "acme".into() });
+        let sse = parse_head(b"GET /v1/t/acme/sse?ch=a&ch=b%2Ec HTTP/1.1\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            route(&sse),
+            Route::Sse {
+                tenant: "acme".into()
+            }
+        );
         assert_eq!(sse.query_pairs()[1].1, "b.c");
 
-        let ws_no_upgrade = parse_head(b"GET /v1/t/acme/ws HTTP/1.1\r\n\r\n").unwrap().unwrap();
+        let ws_no_upgrade = parse_head(b"GET /v1/t/acme/ws HTTP/1.1\r\n\r\n")
+            .unwrap()
+            .unwrap();
         assert_eq!(route(&ws_no_upgrade), Route::Http);
-        let post = parse_head(b"POST /v1/t/acme/publish HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}").unwrap().unwrap();
+        let post = parse_head(b"POST /v1/t/acme/publish HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+            .unwrap()
+            .unwrap();
         assert_eq!(route(&post), Route::Http);
     }
 
     #[test]
     fn partial_malformed_and_oversized() {
         assert_eq!(parse_head(b"GET / HTTP/1.1\r\nHost"), Ok(None));
-        assert!(matches!(parse_head(b"\x00\x01 nonsense\r\n\r\n"), Err(HeadError::Malformed(_))));
+        assert!(matches!(
+            parse_head(b"\x00\x01 nonsense\r\n\r\n"),
+            Err(HeadError::Malformed(_))
+        ));
         let mut big = b"GET / HTTP/1.1\r\nX: ".to_vec();
         big.extend(std::iter::repeat_n(b'a', MAX_HEAD_BYTES));
         assert_eq!(parse_head(&big), Err(HeadError::TooLarge));

@@ -44,7 +44,8 @@ pub async fn accept_loop(app: Arc<App>, listener: TcpListener, router: axum::Rou
                 backoff = Duration::from_millis(5);
                 let app2 = app.clone();
                 let router = router.clone();
-                app.tracker.spawn(async move { front_door(app2, stream, peer, router).await });
+                app.tracker
+                    .spawn(async move { front_door(app2, stream, peer, router).await });
             }
             Err(e) => {
                 let kind = classify_accept_error(&e);
@@ -68,11 +69,15 @@ pub async fn accept_loop(app: Arc<App>, listener: TcpListener, router: axum::Rou
 
 fn classify_accept_error(e: &io::Error) -> &'static str {
     match e.raw_os_error() {
-        Some(libc_emfile) if libc_emfile == 24 => "emfile",
+        // EMFILE and ENFILE: out of file descriptors (process, system).
+        Some(24) => "emfile",
         Some(23) => "enfile",
+        // ENOBUFS, ENOMEM.
         Some(105) | Some(12) => "no_memory",
         _ => match e.kind() {
-            io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::Interrupted => "aborted",
+            io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted => "aborted",
             _ => "other",
         },
     }
@@ -91,7 +96,13 @@ async fn front_door(app: Arc<App>, mut stream: TcpStream, peer: SocketAddr, rout
                 head::HeadError::TooLarge => "431 Request Header Fields Too Large",
                 head::HeadError::Malformed(_) => "400 Bad Request",
             };
-            respond(&mut stream, status, &[], &error_body("bad_request", &e.to_string())).await;
+            respond(
+                &mut stream,
+                status,
+                &[],
+                &error_body("bad_request", &e.to_string()),
+            )
+            .await;
             return;
         }
     };
@@ -107,14 +118,18 @@ enum HeadFailure {
     Bad(head::HeadError),
 }
 
-async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Option<RequestHead>, HeadFailure> {
+async fn read_head(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> Result<Option<RequestHead>, HeadFailure> {
     loop {
-        let mut chunk = [0u8; 2048];
-        let n = stream.read(&mut chunk).await.map_err(|_| HeadFailure::Io)?;
+        // Read into the heap buffer: a stack array here would live in every
+        // connection task's state for the connection's whole life.
+        buf.reserve(2048);
+        let n = stream.read_buf(buf).await.map_err(|_| HeadFailure::Io)?;
         if n == 0 {
             return Ok(None);
         }
-        buf.extend_from_slice(&chunk[..n]);
         if let Some(h) = head::parse_head(buf).map_err(HeadFailure::Bad)? {
             return Ok(Some(h));
         }
@@ -173,7 +188,10 @@ async fn admit(
             None => (
                 "404 Not Found",
                 vec![],
-                error_body("unknown_tenant", &format!("no tenant {:?}", truncate(tenant_id))),
+                error_body(
+                    "unknown_tenant",
+                    &format!("no tenant {:?}", truncate(tenant_id)),
+                ),
             ),
             Some(t) if t.settings().access == Access::Plugin => {
                 t.metrics.refused("no_active_plugin");
@@ -205,22 +223,51 @@ fn truncate(s: &str) -> &str {
     &s[..end]
 }
 
-async fn websocket(app: Arc<App>, mut stream: TcpStream, buf: Vec<u8>, head: RequestHead, tenant: &str) {
+async fn websocket(
+    app: Arc<App>,
+    mut stream: TcpStream,
+    buf: Vec<u8>,
+    head: RequestHead,
+    tenant: &str,
+) {
     if head.header("sec-websocket-version").map(str::trim) != Some("13") {
         let extra = [("Sec-WebSocket-Version", "13".to_string())];
-        respond(&mut stream, "426 Upgrade Required", &extra, &error_body("bad_request", "Sec-WebSocket-Version must be 13")).await;
+        respond(
+            &mut stream,
+            "426 Upgrade Required",
+            &extra,
+            &error_body("bad_request", "Sec-WebSocket-Version must be 13"),
+        )
+        .await;
         return;
     }
-    let Some(key) = head.header("sec-websocket-key").filter(|k| k.trim().len() == 24) else {
-        respond(&mut stream, "400 Bad Request", &[], &error_body("bad_request", "missing or invalid Sec-WebSocket-Key")).await;
+    let Some(key) = head
+        .header("sec-websocket-key")
+        .filter(|k| k.trim().len() == 24)
+    else {
+        respond(
+            &mut stream,
+            "400 Bad Request",
+            &[],
+            &error_body("bad_request", "missing or invalid Sec-WebSocket-Key"),
+        )
+        .await;
         return;
     };
     if !head.header_has_token("connection", "upgrade") {
-        respond(&mut stream, "400 Bad Request", &[], &error_body("bad_request", "Connection header must include Upgrade")).await;
+        respond(
+            &mut stream,
+            "400 Bad Request",
+            &[],
+            &error_body("bad_request", "Connection header must include Upgrade"),
+        )
+        .await;
         return;
     }
     let accept = ws::accept_key(key);
-    let Some(slot) = admit(&app, &mut stream, tenant).await else { return };
+    let Some(slot) = admit(&app, &mut stream, tenant).await else {
+        return;
+    };
     let response = format!(
         "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
     );
@@ -229,10 +276,17 @@ async fn websocket(app: Arc<App>, mut stream: TcpStream, buf: Vec<u8>, head: Req
     }
     let early = buf[head.len..].to_vec();
     drop(buf);
-    session::run_ws(app, stream, early, slot).await;
+    // A task of its own, sized by the session alone, not by the handshake states.
+    let tracker = app.tracker.clone();
+    tracker.spawn(session::run_ws(app, stream, early, slot));
 }
 
-async fn server_sent_events(app: Arc<App>, mut stream: TcpStream, head: RequestHead, tenant_id: &str) {
+async fn server_sent_events(
+    app: Arc<App>,
+    mut stream: TcpStream,
+    head: RequestHead,
+    tenant_id: &str,
+) {
     let mut channels = Vec::new();
     let mut last_event_id = head.header("last-event-id").map(str::to_string);
     for (k, v) in head.query_pairs() {
@@ -244,7 +298,13 @@ async fn server_sent_events(app: Arc<App>, mut stream: TcpStream, head: RequestH
     }
     let bad = |msg: String| error_body("bad_request", &msg);
     if channels.is_empty() {
-        respond(&mut stream, "400 Bad Request", &[], &bad("at least one `ch` query parameter is required".into())).await;
+        respond(
+            &mut stream,
+            "400 Bad Request",
+            &[],
+            &bad("at least one `ch` query parameter is required".into()),
+        )
+        .await;
         return;
     }
     for ch in &channels {
@@ -258,22 +318,39 @@ async fn server_sent_events(app: Arc<App>, mut stream: TcpStream, head: RequestH
     if let Some(t) = app.tenants.get(tenant_id) {
         let max = t.settings().limits.max_subscriptions;
         if channels.len() > max {
-            let body = error_body("too_many_subscriptions", &format!("at most {max} channels per stream"));
+            let body = error_body(
+                "too_many_subscriptions",
+                &format!("at most {max} channels per stream"),
+            );
             respond(&mut stream, "400 Bad Request", &[], &body).await;
             return;
         }
     }
     let resume = last_event_id.and_then(|id| sse::parse_last_event_id(&id, channels.len()));
-    let Some(slot) = admit(&app, &mut stream, tenant_id).await else { return };
+    let Some(slot) = admit(&app, &mut stream, tenant_id).await else {
+        return;
+    };
     let head_out = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\
                     X-Accel-Buffering: no\r\nAccess-Control-Allow-Origin: *\r\nConnection: close\r\n\r\n";
     if stream.write_all(head_out.as_bytes()).await.is_err() {
         return;
     }
-    session::run_sse(app, stream, session::SseRequest { channels, resume }, slot).await;
+    let tracker = app.tracker.clone();
+    tracker.spawn(session::run_sse(
+        app,
+        stream,
+        session::SseRequest { channels, resume },
+        slot,
+    ));
 }
 
-async fn serve_http(app: Arc<App>, stream: TcpStream, prefix: Bytes, _peer: SocketAddr, router: axum::Router) {
+async fn serve_http(
+    app: Arc<App>,
+    stream: TcpStream,
+    prefix: Bytes,
+    _peer: SocketAddr,
+    router: axum::Router,
+) {
     let io = TokioIo::new(prefixed::Prefixed::new(prefix, stream));
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

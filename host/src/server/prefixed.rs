@@ -22,7 +22,11 @@ impl Prefixed {
 }
 
 impl AsyncRead for Prefixed {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         if !self.prefix.is_empty() {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
@@ -34,7 +38,11 @@ impl AsyncRead for Prefixed {
 }
 
 impl AsyncWrite for Prefixed {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_write_vectored(

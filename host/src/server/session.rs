@@ -52,7 +52,10 @@ impl Outbox {
                 Ok(mut written) => {
                     *writes += 1;
                     while written > 0 {
-                        let front = self.bufs.front_mut().expect("written bytes came from queued buffers");
+                        let front = self
+                            .bufs
+                            .front_mut()
+                            .expect("written bytes came from queued buffers");
                         if written >= front.len() {
                             written -= front.len();
                             self.bufs.pop_front();
@@ -99,6 +102,17 @@ impl End {
     }
 }
 
+fn cancelled_end(app: &App) -> End {
+    if app.shutdown.is_cancelled() {
+        End::Close(close::GOING_AWAY, "server shutting down".into())
+    } else {
+        End::Close(
+            close::TENANT_GONE,
+            "tenant removed or its access changed".into(),
+        )
+    }
+}
+
 fn queue_end(reason: QueueClose, policy: &str) -> End {
     match reason {
         QueueClose::SlowConsumer => End::Close(
@@ -132,10 +146,18 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, slot: Conn
         max_subscriptions: settings.limits.max_subscriptions,
         max_message_bytes: settings.limits.max_message_bytes,
     };
-    let handle = SessionHandle::new(Wire::Ws, settings.limits.queue_bytes, settings.limits.slow_consumer);
+    let handle = SessionHandle::new(
+        Wire::Ws,
+        settings.limits.queue_bytes,
+        settings.limits.slow_consumer,
+    );
     drop(settings);
     tenant.metrics.opened_ws.increment(1);
-    let mut reader = WsReader { partial: early, assembler: Assembler::default(), subs: Vec::new() };
+    let mut reader = WsReader {
+        partial: early,
+        assembler: Assembler::default(),
+        subs: Vec::new(),
+    };
     let mut out = Outbox::default();
     let cancel = tenant.cancel_token();
     let heartbeat = app.config.heartbeat;
@@ -154,8 +176,8 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, slot: Conn
     while end.is_none() {
         tokio::select! {
             biased;
-            _ = app.shutdown.cancelled() => end = Some(End::Close(close::GOING_AWAY, "server shutting down".into())),
-            _ = cancel.cancelled() => end = Some(End::Close(close::TENANT_GONE, "tenant removed or its access changed".into())),
+            // The tenant's token is a child of the server's: one wait covers both.
+            _ = cancel.cancelled() => end = Some(cancelled_end(&app)),
             r = stream.readable() => {
                 if r.is_err() {
                     end = Some(End::Io);
@@ -194,7 +216,10 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, slot: Conn
     for ch in &reader.subs {
         tenant.hub.unsubscribe(ch, &handle);
     }
-    tenant.metrics.subscriptions.decrement(reader.subs.len() as f64);
+    tenant
+        .metrics
+        .subscriptions
+        .decrement(reader.subs.len() as f64);
     handle.close();
     tenant.metrics.closed(end.label());
     tracing::debug!(tenant = %tenant.id, reason = end.label(), "websocket session ended");
@@ -346,13 +371,20 @@ impl WsReader {
     ) -> Result<usize, End> {
         let mut used = 0;
         loop {
-            let head = match ws::decode_frame(&mut data[used..], Role::FromClient, limits.max_message_bytes) {
+            let head = match ws::decode_frame(
+                &mut data[used..],
+                Role::FromClient,
+                limits.max_message_bytes,
+            ) {
                 Ok(Some(h)) => h,
                 Ok(None) => return Ok(used),
                 Err(e) => return Err(frame_error(e, tenant)),
             };
             let payload = &data[used + head.payload_start..used + head.frame_len()];
-            let msg = self.assembler.push(head, payload, limits.max_message_bytes).map_err(|e| frame_error(e, tenant))?;
+            let msg = self
+                .assembler
+                .push(head, payload, limits.max_message_bytes)
+                .map_err(|e| frame_error(e, tenant))?;
             used += head.frame_len();
             match msg {
                 None | Some(Message::Pong) => {}
@@ -364,7 +396,11 @@ impl WsReader {
                     tenant.metrics.client_error(ErrorCode::BadRequest.as_str());
                     handle.deliver_ctrl(
                         "err",
-                        &proto::encode_err(None, ErrorCode::BadRequest, "binary frames are not part of the protocol; send JSON text frames"),
+                        &proto::encode_err(
+                            None,
+                            ErrorCode::BadRequest,
+                            "binary frames are not part of the protocol; send JSON text frames",
+                        ),
                     );
                 }
                 Some(Message::Text(t)) => self.on_op(&t, tenant, handle, limits),
@@ -372,7 +408,13 @@ impl WsReader {
         }
     }
 
-    fn on_op(&mut self, text: &[u8], tenant: &Tenant, handle: &Arc<SessionHandle>, limits: &SessionLimits) {
+    fn on_op(
+        &mut self,
+        text: &[u8],
+        tenant: &Tenant,
+        handle: &Arc<SessionHandle>,
+        limits: &SessionLimits,
+    ) {
         let op = match proto::parse_client_op(text) {
             Ok(op) => op,
             Err(e) => {
@@ -385,18 +427,38 @@ impl WsReader {
             ClientOp::Ping { id } => {
                 handle.deliver_ctrl("pong", &proto::encode_pong(id));
             }
-            ClientOp::Sub { ch, since, epoch, id } => {
+            ClientOp::Sub {
+                ch,
+                since,
+                epoch,
+                id,
+            } => {
                 let already = self.subs.iter().any(|c| **c == *ch);
                 if !already && self.subs.len() >= limits.max_subscriptions {
-                    tenant.metrics.client_error(ErrorCode::TooManySubscriptions.as_str());
-                    let msg = format!("at most {} subscriptions per connection", limits.max_subscriptions);
-                    handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::TooManySubscriptions, &msg));
+                    tenant
+                        .metrics
+                        .client_error(ErrorCode::TooManySubscriptions.as_str());
+                    let msg = format!(
+                        "at most {} subscriptions per connection",
+                        limits.max_subscriptions
+                    );
+                    handle.deliver_ctrl(
+                        "err",
+                        &proto::encode_err(id, ErrorCode::TooManySubscriptions, &msg),
+                    );
                     return;
                 }
                 let history = tenant.settings().limits.history();
-                tenant.hub.subscribe(&ch, handle, since.map(|s| (s, epoch)), history, now_ms() as u64, |ep, head| {
-                    handle.deliver_ctrl("ack", &proto::encode_ack(id, Some((&ch, ep, head))));
-                });
+                tenant.hub.subscribe(
+                    &ch,
+                    handle,
+                    since.map(|s| (s, epoch)),
+                    history,
+                    now_ms() as u64,
+                    |ep, head| {
+                        handle.deliver_ctrl("ack", &proto::encode_ack(id, Some((&ch, ep, head))));
+                    },
+                );
                 if !already {
                     tenant.metrics.subscriptions.increment(1.0);
                     self.subs.push(ch.into());
@@ -410,9 +472,14 @@ impl WsReader {
                     handle.deliver_ctrl("ack", &proto::encode_ack(id, None));
                 }
                 None => {
-                    tenant.metrics.client_error(ErrorCode::NotSubscribed.as_str());
+                    tenant
+                        .metrics
+                        .client_error(ErrorCode::NotSubscribed.as_str());
                     let msg = format!("not subscribed to {ch:?}");
-                    handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::NotSubscribed, &msg));
+                    handle.deliver_ctrl(
+                        "err",
+                        &proto::encode_err(id, ErrorCode::NotSubscribed, &msg),
+                    );
                 }
             },
         }
@@ -445,15 +512,24 @@ pub struct SseRequest {
 pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, slot: ConnectionSlot) {
     let tenant = slot.tenant.clone();
     let settings = tenant.settings();
-    let handle = SessionHandle::new(Wire::Sse, settings.limits.queue_bytes, settings.limits.slow_consumer);
+    let handle = SessionHandle::new(
+        Wire::Sse,
+        settings.limits.queue_bytes,
+        settings.limits.slow_consumer,
+    );
     let history = settings.limits.history();
     drop(settings);
     tenant.metrics.opened_sse.increment(1);
-    let mut state = SseState { channels: Vec::with_capacity(req.channels.len()), positions: Vec::new() };
+    let mut state = SseState {
+        channels: Vec::with_capacity(req.channels.len()),
+        positions: Vec::new(),
+    };
     handle.deliver_raw(Bytes::from_static(b"retry: 2000\n\n"));
     for (i, ch) in req.channels.iter().enumerate() {
         let resume = req.resume.as_ref().map(|r| (r[i].1, Some(r[i].0)));
-        let r = tenant.hub.subscribe(ch, &handle, resume, history, now_ms() as u64, |_, _| {});
+        let r = tenant
+            .hub
+            .subscribe(ch, &handle, resume, history, now_ms() as u64, |_, _| {});
         // Until a message arrives, the id carries where the stream started.
         let start = match &req.resume {
             Some(p) if p[i].0 == r.epoch => p[i].1.max(r.head),
@@ -462,7 +538,10 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, slot: Co
         state.positions.push((r.epoch, start));
         state.channels.push(ch.as_str().into());
     }
-    tenant.metrics.subscriptions.increment(state.channels.len() as f64);
+    tenant
+        .metrics
+        .subscriptions
+        .increment(state.channels.len() as f64);
     let mut out = Outbox::default();
     let cancel = tenant.cancel_token();
     let heartbeat = app.config.heartbeat;
@@ -472,8 +551,7 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, slot: Co
     while end.is_none() {
         tokio::select! {
             biased;
-            _ = app.shutdown.cancelled() => end = Some(End::Close(close::GOING_AWAY, String::new())),
-            _ = cancel.cancelled() => end = Some(End::Close(close::TENANT_GONE, String::new())),
+            _ = cancel.cancelled() => end = Some(cancelled_end(&app)),
             r = stream.readable() => end = match r {
                 Ok(()) => discard_input(&stream).err(),
                 Err(_) => Some(End::Io),
@@ -501,7 +579,10 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, slot: Co
     for ch in &state.channels {
         tenant.hub.unsubscribe(ch, &handle);
     }
-    tenant.metrics.subscriptions.decrement(state.channels.len() as f64);
+    tenant
+        .metrics
+        .subscriptions
+        .decrement(state.channels.len() as f64);
     handle.close();
     tenant.metrics.closed(end.label());
     // An SSE stream ends by closing; a reason travels as a last event.
@@ -533,4 +614,38 @@ fn discard_input(stream: &TcpStream) -> Result<(), End> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The state a session task keeps for its whole life. Idle memory per
+    /// connection is this plus the socket registration and the shared handle,
+    /// so it is guarded here; the benchmark measures the whole process.
+    #[tokio::test]
+    async fn session_futures_stay_small() {
+        let app = crate::app::App::for_tests().await;
+        let tenant = crate::tenant::tests::public_tenant("t");
+        let slot = app.capacity.acquire(&tenant).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let fut = run_ws(app.clone(), stream, Vec::new(), slot);
+        let ws = std::mem::size_of_val(&fut);
+        drop(fut);
+        let slot = app.capacity.acquire(&tenant).unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let req = SseRequest {
+            channels: vec!["a".into()],
+            resume: None,
+        };
+        let sse = std::mem::size_of_val(&run_sse(app.clone(), stream, req, slot));
+        eprintln!("session futures: ws {ws} B, sse {sse} B");
+        assert!(ws <= 1024, "websocket session future is {ws} bytes");
+        assert!(sse <= 1024, "sse session future is {sse} bytes");
+    }
 }

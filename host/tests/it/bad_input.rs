@@ -18,11 +18,18 @@ async fn bad_frames_get_specific_errors_and_leave_others_alone() {
     assert_eq!(bad.next().await["code"], "bad_request");
     bad.send(json!({"op":"dance","id":4})).await;
     let e = bad.next().await;
-    assert_eq!((e["code"].as_str(), e["id"].as_u64()), (Some("unknown_op"), Some(4)));
+    assert_eq!(
+        (e["code"].as_str(), e["id"].as_u64()),
+        (Some("unknown_op"), Some(4))
+    );
     bad.send(json!({"op":"sub","ch":"no spaces","id":5})).await;
     let e = bad.next().await;
-    assert_eq!((e["code"].as_str(), e["id"].as_u64()), (Some("bad_channel"), Some(5)));
-    bad.send(json!({"op":"sub","ch":"x".repeat(129),"id":6})).await;
+    assert_eq!(
+        (e["code"].as_str(), e["id"].as_u64()),
+        (Some("bad_channel"), Some(5))
+    );
+    bad.send(json!({"op":"sub","ch":"x".repeat(129),"id":6}))
+        .await;
     assert_eq!(bad.next().await["code"], "bad_channel");
     bad.send(json!({"op":"unsub","ch":"never","id":7})).await;
     assert_eq!(bad.next().await["code"], "not_subscribed");
@@ -52,7 +59,9 @@ async fn http_errors_name_the_problem() {
     let key = h.public_tenant("acme").await;
 
     // Unknown tenant: 404 on handshake and publish.
-    let err = tokio_tungstenite::connect_async(h.ws_url("nope")).await.unwrap_err();
+    let err = tokio_tungstenite::connect_async(h.ws_url("nope"))
+        .await
+        .unwrap_err();
     match err {
         tokio_tungstenite::tungstenite::Error::Http(r) => assert_eq!(r.status(), 404),
         other => panic!("{other}"),
@@ -60,21 +69,45 @@ async fn http_errors_name_the_problem() {
     let (s, v) = h.publish("nope", &key, json!({"ch":"c","data":1})).await;
     assert_eq!((s, v["error"]["code"].as_str()), (404, Some("not_found")));
     // Wrong or missing key: 401.
-    let (s, _) = h.publish("acme", "pk_wrong", json!({"ch":"c","data":1})).await;
+    let (s, _) = h
+        .publish("acme", "pk_wrong", json!({"ch":"c","data":1}))
+        .await;
     assert_eq!(s, 401);
     // Invalid bodies: 400 naming the field.
-    let (s, v) = h.publish("acme", &key, json!({"ch":"bad channel","data":1})).await;
+    let (s, v) = h
+        .publish("acme", &key, json!({"ch":"bad channel","data":1}))
+        .await;
     assert_eq!(s, 400);
-    assert!(v["error"]["message"].as_str().unwrap().starts_with("ch:"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().starts_with("ch:"),
+        "{v}"
+    );
     let (s, v) = h.publish("acme", &key, json!({"ch":"c"})).await;
     assert_eq!(s, 400);
-    assert!(v["error"]["message"].as_str().unwrap().contains("data"), "{v}");
-    let (s, v) = h.publish("acme", &key, json!([{"ch":"c","data":1},{"ch":"c","data":1,"extra":2}])).await;
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("data"),
+        "{v}"
+    );
+    let (s, v) = h
+        .publish(
+            "acme",
+            &key,
+            json!([{"ch":"c","data":1},{"ch":"c","data":1,"extra":2}]),
+        )
+        .await;
     assert_eq!(s, 400);
-    assert!(v["error"]["message"].as_str().unwrap().contains("extra"), "{v}");
-    let (s, v) = h.publish("acme", &key, json!({"ch":"c","data":"x".repeat(70_000)})).await;
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("extra"),
+        "{v}"
+    );
+    let (s, v) = h
+        .publish("acme", &key, json!({"ch":"c","data":"x".repeat(70_000)}))
+        .await;
     assert_eq!(s, 400);
-    assert!(v["error"]["message"].as_str().unwrap().starts_with("data:"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().starts_with("data:"),
+        "{v}"
+    );
     // Nothing from the rejected batches was published.
     let (_, v) = h.publish("acme", &key, json!({"ch":"c","data":1})).await;
     assert_eq!(v["seq"], 1);
@@ -82,19 +115,61 @@ async fn http_errors_name_the_problem() {
     // Admin without a token: 401; bad bodies: 400; duplicates: 409.
     let r = h.http.get(h.url("/admin/v1/tenants")).send().await.unwrap();
     assert_eq!(r.status(), 401);
-    let r = h.http.get(h.url("/admin/v1/tenants")).bearer_auth("wrong-token-wrong-token").send().await.unwrap();
+    let r = h
+        .http
+        .get(h.url("/admin/v1/tenants"))
+        .bearer_auth("wrong-token-wrong-token")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
-    let (s, _) = h.admin(Method::POST, "/admin/v1/tenants", Some(json!({"id":"acme","access":"public"}))).await;
+    let (s, _) = h
+        .admin(
+            Method::POST,
+            "/admin/v1/tenants",
+            Some(json!({"id":"acme","access":"public"})),
+        )
+        .await;
     assert_eq!(s, 409);
-    let (s, v) = h.admin(Method::POST, "/admin/v1/tenants", Some(json!({"id":"Bad Id"}))).await;
+    let (s, v) = h
+        .admin(
+            Method::POST,
+            "/admin/v1/tenants",
+            Some(json!({"id":"Bad Id"})),
+        )
+        .await;
     assert_eq!(s, 400);
-    assert!(v["error"]["message"].as_str().unwrap().starts_with("id:"), "{v}");
-    let (s, v) = h.admin(Method::POST, "/admin/v1/tenants", Some(json!({"id":"x","acces":"public"}))).await;
+    assert!(
+        v["error"]["message"].as_str().unwrap().starts_with("id:"),
+        "{v}"
+    );
+    let (s, v) = h
+        .admin(
+            Method::POST,
+            "/admin/v1/tenants",
+            Some(json!({"id":"x","acces":"public"})),
+        )
+        .await;
     assert_eq!(s, 400);
-    assert!(v["error"]["message"].as_str().unwrap().contains("acces"), "{v}");
-    let (s, v) = h.admin(Method::POST, "/admin/v1/tenants", Some(json!({"id":"x","limits":{"queue_bytes":1}}))).await;
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("acces"),
+        "{v}"
+    );
+    let (s, v) = h
+        .admin(
+            Method::POST,
+            "/admin/v1/tenants",
+            Some(json!({"id":"x","limits":{"queue_bytes":1}})),
+        )
+        .await;
     assert_eq!(s, 400);
-    assert!(v["error"]["message"].as_str().unwrap().contains("queue_bytes"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("queue_bytes"),
+        "{v}"
+    );
     let (s, _) = h.admin(Method::GET, "/admin/v1/tenants/ghost", None).await;
     assert_eq!(s, 404);
 
@@ -110,12 +185,28 @@ async fn http_errors_name_the_problem() {
     assert_eq!(v["error"]["code"], "not_found");
     // A malformed request line gets 400 at once, not a hang.
     let mut raw = tokio::net::TcpStream::connect(h.addr).await.unwrap();
-    tokio::io::AsyncWriteExt::write_all(&mut raw, b"\x01\x02 garbage\r\n\r\n").await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut raw, b"\x01\x02 garbage\r\n\r\n")
+        .await
+        .unwrap();
     let mut answer = String::new();
-    tokio::time::timeout(WAIT, tokio::io::AsyncReadExt::read_to_string(&mut raw, &mut answer)).await.unwrap().unwrap();
+    tokio::time::timeout(
+        WAIT,
+        tokio::io::AsyncReadExt::read_to_string(&mut raw, &mut answer),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     // The OpenAPI document describes the admin and publish API.
-    let doc: serde_json::Value = h.http.get(h.url("/admin/v1/openapi.json")).send().await.unwrap().json().await.unwrap();
+    let doc: serde_json::Value = h
+        .http
+        .get(h.url("/admin/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert!(doc["paths"]["/admin/v1/tenants"]["post"].is_object());
     assert!(doc["paths"]["/v1/t/{tenant}/publish"]["post"].is_object());
     h.stop().await;
@@ -125,7 +216,9 @@ async fn http_errors_name_the_problem() {
 async fn plugin_access_without_plugin_fails_closed() {
     let h = spawn_host().await;
     h.tenant(json!({"id":"locked"})).await;
-    let err = tokio_tungstenite::connect_async(h.ws_url("locked")).await.unwrap_err();
+    let err = tokio_tungstenite::connect_async(h.ws_url("locked"))
+        .await
+        .unwrap_err();
     match err {
         tokio_tungstenite::tungstenite::Error::Http(r) => assert_eq!(r.status(), 403),
         other => panic!("{other}"),

@@ -37,7 +37,10 @@ impl HostOptions {
         let mut config = Config::for_data_dir(dir.path());
         config.admin_token = Some(ADMIN.into());
         config.shutdown_grace = Duration::from_secs(3);
-        HostOptions { config, dir: Some(dir) }
+        HostOptions {
+            config,
+            dir: Some(dir),
+        }
     }
 }
 
@@ -68,7 +71,10 @@ pub async fn spawn_with(opts: HostOptions) -> Host {
                 break;
             }
         }
-        assert!(tokio::time::Instant::now() < deadline, "host did not become ready");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "host did not become ready"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     host
@@ -94,7 +100,12 @@ impl Host {
         self._dir.take()
     }
 
-    pub async fn admin(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    pub async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
         let mut req = self.http.request(method, self.url(path)).bearer_auth(ADMIN);
         if let Some(b) = body {
             req = req.json(&b);
@@ -107,7 +118,9 @@ impl Host {
 
     /// Creates a tenant and returns its publish key.
     pub async fn tenant(&self, body: Value) -> String {
-        let (s, v) = self.admin(reqwest::Method::POST, "/admin/v1/tenants", Some(body)).await;
+        let (s, v) = self
+            .admin(reqwest::Method::POST, "/admin/v1/tenants", Some(body))
+            .await;
         assert_eq!(s, 201, "{v}");
         v["publish_key"].as_str().unwrap().to_string()
     }
@@ -130,7 +143,15 @@ impl Host {
     }
 
     pub async fn metric(&self, name_and_labels: &str) -> f64 {
-        let text = self.http.get(self.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        let text = self
+            .http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         text.lines()
             .filter(|l| l.starts_with(name_and_labels))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -138,13 +159,17 @@ impl Host {
     }
 
     pub async fn ws(&self, tenant: &str) -> Ws {
-        let (s, _) = tokio_tungstenite::connect_async(self.ws_url(tenant)).await.expect("ws connect");
+        let (s, _) = tokio_tungstenite::connect_async(self.ws_url(tenant))
+            .await
+            .expect("ws connect");
         Ws { s }
     }
 
     pub async fn sse(&self, tenant: &str, query: &str, last_event_id: Option<&str>) -> Sse {
         let mut stream = TcpStream::connect(self.addr).await.unwrap();
-        let mut req = format!("GET /v1/t/{tenant}/sse?{query} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n");
+        let mut req = format!(
+            "GET /v1/t/{tenant}/sse?{query} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
+        );
         if let Some(id) = last_event_id {
             req.push_str(&format!("Last-Event-ID: {id}\r\n"));
         }
@@ -153,7 +178,12 @@ impl Host {
         let mut r = BufReader::new(stream);
         let mut status = String::new();
         r.read_line(&mut status).await.unwrap();
-        let code: u16 = status.split_whitespace().nth(1).unwrap_or("0").parse().unwrap();
+        let code: u16 = status
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or("0")
+            .parse()
+            .unwrap();
         loop {
             let mut line = String::new();
             if r.read_line(&mut line).await.unwrap() == 0 || line == "\r\n" {
@@ -170,7 +200,10 @@ pub struct Ws {
 
 impl Ws {
     pub async fn send(&mut self, v: Value) {
-        self.s.send(Message::Text(v.to_string().into())).await.unwrap();
+        self.s
+            .send(Message::Text(v.to_string().into()))
+            .await
+            .unwrap();
     }
 
     pub async fn send_raw(&mut self, m: Message) {
@@ -180,7 +213,9 @@ impl Ws {
     /// The next JSON text frame (pings are answered by tungstenite).
     pub async fn next(&mut self) -> Value {
         loop {
-            let m = tokio::time::timeout(WAIT, self.s.next()).await.expect("frame within deadline");
+            let m = tokio::time::timeout(WAIT, self.s.next())
+                .await
+                .expect("frame within deadline");
             match m.expect("stream open").expect("frame") {
                 Message::Text(t) => return serde_json::from_str(&t).unwrap(),
                 Message::Ping(_) | Message::Pong(_) => continue,
@@ -200,10 +235,16 @@ impl Ws {
     /// Waits for the server's close frame; returns its code and reason.
     pub async fn closed(&mut self) -> (u16, String) {
         loop {
-            let m = tokio::time::timeout(WAIT, self.s.next()).await.expect("close within deadline");
+            let m = tokio::time::timeout(WAIT, self.s.next())
+                .await
+                .expect("close within deadline");
             match m {
-                Some(Ok(Message::Close(Some(f)))) => return (u16::from(f.code), f.reason.to_string()),
-                Some(Ok(Message::Close(None))) => return (u16::from(CloseCode::Status), String::new()),
+                Some(Ok(Message::Close(Some(f)))) => {
+                    return (u16::from(f.code), f.reason.to_string())
+                }
+                Some(Ok(Message::Close(None))) => {
+                    return (u16::from(CloseCode::Status), String::new())
+                }
                 Some(Ok(_)) => continue,
                 Some(Err(e)) => panic!("error instead of close: {e}"),
                 None => panic!("stream ended without a close frame"),
@@ -233,14 +274,21 @@ impl Sse {
         let mut id = None;
         loop {
             let mut line = String::new();
-            let n = tokio::time::timeout(WAIT, self.r.read_line(&mut line)).await.expect("sse line within deadline").ok()?;
+            let n = tokio::time::timeout(WAIT, self.r.read_line(&mut line))
+                .await
+                .expect("sse line within deadline")
+                .ok()?;
             if n == 0 {
                 return None;
             }
             let line = line.trim_end_matches(['\r', '\n']);
             if line.is_empty() {
                 if !data.is_empty() {
-                    return Some(Event { event, data: serde_json::from_str(&data).unwrap(), id });
+                    return Some(Event {
+                        event,
+                        data: serde_json::from_str(&data).unwrap(),
+                        id,
+                    });
                 }
                 continue;
             }

@@ -9,7 +9,9 @@ use std::time::Duration;
 #[tokio::test]
 async fn registry_survives_restart() {
     let h = spawn_host().await;
-    let key = h.tenant(json!({"id":"keep","access":"public","config":{"a":1},"limits":{"history_size":7}})).await;
+    let key = h
+        .tenant(json!({"id":"keep","access":"public","config":{"a":1},"limits":{"history_size":7}}))
+        .await;
     let data_dir = h.data_dir.clone();
     let dir = h.stop().await;
     let mut opts = HostOptions::new();
@@ -22,7 +24,10 @@ async fn registry_survives_restart() {
     assert_eq!(v["effective_limits"]["history_size"], 7);
     let mut ws = h.ws("keep").await;
     ws.sub("c", 1).await;
-    assert_eq!(h.publish("keep", &key, json!({"ch":"c","data":1})).await.0, 200);
+    assert_eq!(
+        h.publish("keep", &key, json!({"ch":"c","data":1})).await.0,
+        200
+    );
     assert_eq!(ws.next().await["seq"], 1);
     h.stop().await;
 }
@@ -34,29 +39,56 @@ async fn admin_changes_apply_live() {
     let mut ws = h.ws("t").await;
     ws.sub("c", 1).await;
     // Changing limits keeps sessions and subscriptions.
-    let (s, v) = h.admin(Method::PATCH, "/admin/v1/tenants/t", Some(json!({"limits":{"history_size":3}}))).await;
+    let (s, v) = h
+        .admin(
+            Method::PATCH,
+            "/admin/v1/tenants/t",
+            Some(json!({"limits":{"history_size":3}})),
+        )
+        .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["limits"], json!({"history_size":3}));
     h.publish("t", &key, json!({"ch":"c","data":1})).await;
     assert_eq!(ws.next().await["seq"], 1);
     // Rotating the key invalidates the old one.
-    let (_, v) = h.admin(Method::POST, "/admin/v1/tenants/t/publish-key", None).await;
+    let (_, v) = h
+        .admin(Method::POST, "/admin/v1/tenants/t/publish-key", None)
+        .await;
     let new_key = v["publish_key"].as_str().unwrap();
-    assert_eq!(h.publish("t", &key, json!({"ch":"c","data":1})).await.0, 401);
-    assert_eq!(h.publish("t", new_key, json!({"ch":"c","data":2})).await.0, 200);
+    assert_eq!(
+        h.publish("t", &key, json!({"ch":"c","data":1})).await.0,
+        401
+    );
+    assert_eq!(
+        h.publish("t", new_key, json!({"ch":"c","data":2})).await.0,
+        200
+    );
     assert_eq!(ws.next().await["seq"], 2);
     // Switching access to plugin closes sessions with 4000 (fail closed).
-    let (s, _) = h.admin(Method::PATCH, "/admin/v1/tenants/t", Some(json!({"access":"plugin"}))).await;
+    let (s, _) = h
+        .admin(
+            Method::PATCH,
+            "/admin/v1/tenants/t",
+            Some(json!({"access":"plugin"})),
+        )
+        .await;
     assert_eq!(s, 200);
     assert_eq!(ws.closed().await.0, 4000);
     // Deleting a tenant closes its sessions and forgets it.
     h.public_tenant("gone").await;
     let mut g = h.ws("gone").await;
     g.sub("c", 1).await;
-    let (s, _) = h.admin(Method::DELETE, "/admin/v1/tenants/gone", None).await;
+    let (s, _) = h
+        .admin(Method::DELETE, "/admin/v1/tenants/gone", None)
+        .await;
     assert_eq!(s, 204);
     assert_eq!(g.closed().await.0, 4000);
-    assert_eq!(h.publish("gone", new_key, json!({"ch":"c","data":1})).await.0, 404);
+    assert_eq!(
+        h.publish("gone", new_key, json!({"ch":"c","data":1}))
+            .await
+            .0,
+        404
+    );
     let (_, v) = h.admin(Method::GET, "/admin/v1/tenants", None).await;
     assert_eq!(v["tenants"].as_array().unwrap().len(), 1);
     h.stop().await;
@@ -95,7 +127,16 @@ async fn sigterm_drains_the_real_binary() {
         l.local_addr().unwrap().port()
     };
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["serve", "--demo", "--listen", &format!("127.0.0.1:{port}"), "--admin-token", ADMIN, "--log", "warn"])
+        .args([
+            "serve",
+            "--demo",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--admin-token",
+            ADMIN,
+            "--log",
+            "warn",
+        ])
         .arg("--data-dir")
         .arg(dir.path())
         .stdout(std::process::Stdio::null())
@@ -114,10 +155,16 @@ async fn sigterm_drains_the_real_binary() {
     let mut ws = ws.expect("binary started");
     ws.sub("c", 1).await;
     let pid = child.id().unwrap().to_string();
-    let st = std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
     assert!(st.success());
     assert_eq!(ws.closed().await.0, 1001);
-    let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await.unwrap().unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(status.success(), "{status}");
 }
 
@@ -125,7 +172,10 @@ async fn sigterm_drains_the_real_binary() {
 #[tokio::test]
 async fn postgres_registry_end_to_end() {
     let Ok(url) = std::env::var("HERALD_TEST_POSTGRES_URL") else {
-        assert!(std::env::var("HERALD_REQUIRE_POSTGRES").is_err(), "Postgres required but not configured");
+        assert!(
+            std::env::var("HERALD_REQUIRE_POSTGRES").is_err(),
+            "Postgres required but not configured"
+        );
         eprintln!("skipping: HERALD_TEST_POSTGRES_URL not set");
         return;
     };
@@ -140,12 +190,23 @@ async fn postgres_registry_end_to_end() {
     let h = spawn_with(opts).await;
     let mut ws = h.ws(&id).await;
     ws.sub("c", 1).await;
-    assert_eq!(h.publish(&id, &key, json!({"ch":"c","data":1})).await.0, 200);
+    assert_eq!(
+        h.publish(&id, &key, json!({"ch":"c","data":1})).await.0,
+        200
+    );
     assert_eq!(ws.next().await["seq"], 1);
-    assert_eq!(h.admin(Method::DELETE, &format!("/admin/v1/tenants/{id}"), None).await.0, 204);
+    assert_eq!(
+        h.admin(Method::DELETE, &format!("/admin/v1/tenants/{id}"), None)
+            .await
+            .0,
+        204
+    );
     h.stop().await;
 }
 
 fn rand_suffix() -> u32 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos()
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
 }

@@ -14,7 +14,9 @@ async fn ws_receives_in_order_with_positions() {
     let mut b = h.ws("acme").await;
     b.sub("ticks.AAPL", 1).await;
     for i in 1..=20 {
-        let (s, v) = h.publish("acme", &key, json!({"ch":"ticks.AAPL","data":{"px":i}})).await;
+        let (s, v) = h
+            .publish("acme", &key, json!({"ch":"ticks.AAPL","data":{"px":i}}))
+            .await;
         assert_eq!((s, v["seq"].as_u64()), (200, Some(i)));
     }
     for ws in [&mut a, &mut b] {
@@ -29,16 +31,24 @@ async fn ws_receives_in_order_with_positions() {
     }
     // A batch publishes to several channels; only subscribers of a channel get it.
     let (s, v) = h
-        .publish("acme", &key, json!([{"ch":"other","data":"x"},{"ch":"ticks.AAPL","data":[1,2]}]))
+        .publish(
+            "acme",
+            &key,
+            json!([{"ch":"other","data":"x"},{"ch":"ticks.AAPL","data":[1,2]}]),
+        )
         .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["results"][1]["seq"], 21);
     let m = a.next().await;
-    assert_eq!((m["seq"].as_u64(), m["data"].clone()), (Some(21), json!([1, 2])));
+    assert_eq!(
+        (m["seq"].as_u64(), m["data"].clone()),
+        (Some(21), json!([1, 2]))
+    );
     // Unsubscribe stops delivery and is acknowledged.
     a.send(json!({"op":"unsub","ch":"ticks.AAPL","id":9})).await;
     assert_eq!(a.next().await, json!({"op":"ack","id":9}));
-    h.publish("acme", &key, json!({"ch":"ticks.AAPL","data":1})).await;
+    h.publish("acme", &key, json!({"ch":"ticks.AAPL","data":1}))
+        .await;
     assert_eq!(b.next().await["seq"], 21);
     assert_eq!(b.next().await["seq"], 22);
     a.send(json!({"op":"ping","id":3})).await;
@@ -59,13 +69,17 @@ async fn resume_replays_history_and_reports_gaps() {
     let mut a = h.ws("acme").await;
     a.send(json!({"op":"sub","ch":"c","since":5,"id":1})).await;
     let ack = a.next().await;
-    assert_eq!((ack["op"].as_str(), ack["seq"].as_u64()), (Some("ack"), Some(8)));
+    assert_eq!(
+        (ack["op"].as_str(), ack["seq"].as_u64()),
+        (Some("ack"), Some(8))
+    );
     for i in 6..=8 {
         assert_eq!(a.next().await["seq"], i);
     }
     // Resuming after 1 cannot get 2 and 3: a gap frame says so first.
     let mut b = h.ws("acme").await;
-    b.send(json!({"op":"sub","ch":"c","since":1,"epoch":ack["epoch"],"id":2})).await;
+    b.send(json!({"op":"sub","ch":"c","since":1,"epoch":ack["epoch"],"id":2}))
+        .await;
     assert_eq!(b.next().await["op"], "ack");
     assert_eq!(b.next().await, json!({"op":"gap","ch":"c","from":2,"to":3}));
     for i in 4..=8 {
@@ -74,7 +88,8 @@ async fn resume_replays_history_and_reports_gaps() {
     // A position from another epoch (history lost) resumes from nothing.
     let mut c = h.ws("acme").await;
     let foreign = ack["epoch"].as_u64().unwrap() ^ 1;
-    c.send(json!({"op":"sub","ch":"c","since":7,"epoch":foreign,"id":3})).await;
+    c.send(json!({"op":"sub","ch":"c","since":7,"epoch":foreign,"id":3}))
+        .await;
     assert_eq!(c.next().await["op"], "ack");
     assert_eq!(c.next().await, json!({"op":"gap","ch":"c","from":1,"to":3}));
     assert_eq!(c.next().await["seq"], 4);
@@ -90,23 +105,38 @@ async fn sse_streams_and_resumes_from_last_event_id() {
     let key = h.public_tenant("acme").await;
     let mut s = h.sse("acme", "ch=a&ch=b", None).await;
     assert_eq!(s.status, 200);
-    h.publish("acme", &key, json!({"ch":"a","data":{"n":1}})).await;
-    h.publish("acme", &key, json!({"ch":"b","data":{"n":2}})).await;
+    h.publish("acme", &key, json!({"ch":"a","data":{"n":1}}))
+        .await;
+    h.publish("acme", &key, json!({"ch":"b","data":{"n":2}}))
+        .await;
     let e1 = s.next().await.unwrap();
-    assert_eq!((e1.event.as_str(), e1.data["seq"].as_u64()), ("msg", Some(1)));
+    assert_eq!(
+        (e1.event.as_str(), e1.data["seq"].as_u64()),
+        ("msg", Some(1))
+    );
     let e2 = s.next().await.unwrap();
     assert_eq!(e2.data["ch"], "b");
     let last_id = e2.id.clone().unwrap();
     drop(s);
     // Missed while away: one on each channel.
-    h.publish("acme", &key, json!({"ch":"a","data":{"n":3}})).await;
-    h.publish("acme", &key, json!({"ch":"b","data":{"n":4}})).await;
+    h.publish("acme", &key, json!({"ch":"a","data":{"n":3}}))
+        .await;
+    h.publish("acme", &key, json!({"ch":"b","data":{"n":4}}))
+        .await;
     let mut s = h.sse("acme", "ch=a&ch=b", Some(&last_id)).await;
     let got: Vec<_> = [s.next().await.unwrap(), s.next().await.unwrap()]
         .iter()
-        .map(|e| (e.data["ch"].as_str().unwrap().to_string(), e.data["seq"].as_u64().unwrap()))
+        .map(|e| {
+            (
+                e.data["ch"].as_str().unwrap().to_string(),
+                e.data["seq"].as_u64().unwrap(),
+            )
+        })
         .collect();
-    assert!(got.contains(&("a".into(), 2)) && got.contains(&("b".into(), 2)), "{got:?}");
+    assert!(
+        got.contains(&("a".into(), 2)) && got.contains(&("b".into(), 2)),
+        "{got:?}"
+    );
     // Pretty-printed JSON survives SSE framing.
     let r = h
         .http

@@ -18,7 +18,9 @@ async fn stalled_subscriber(h: &Host, tenant: &str) -> Ws {
     sock.set_recv_buffer_size(4096).unwrap();
     let stream = sock.connect(h.addr).await.unwrap();
     let plain = tokio_tungstenite::MaybeTlsStream::Plain(stream);
-    let (s, _) = tokio_tungstenite::client_async(h.ws_url(tenant), plain).await.unwrap();
+    let (s, _) = tokio_tungstenite::client_async(h.ws_url(tenant), plain)
+        .await
+        .unwrap();
     let mut ws = Ws { s };
     ws.sub("c", 1).await;
     ws
@@ -45,9 +47,16 @@ async fn flood(h: &Host, tenant: &str, key: &str, keyed: bool) {
 async fn healthy_gets_everything(healthy: &mut Ws, started: Instant) {
     for seq in 1..=MESSAGES {
         let m = healthy.next().await;
-        assert_eq!((m["seq"].as_u64(), m["prev"].as_u64()), (Some(seq), Some(seq - 1)));
+        assert_eq!(
+            (m["seq"].as_u64(), m["prev"].as_u64()),
+            (Some(seq), Some(seq - 1))
+        );
     }
-    assert!(started.elapsed() < Duration::from_secs(10), "healthy client was delayed: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "healthy client was delayed: {:?}",
+        started.elapsed()
+    );
 }
 
 async fn setup(policy: &str) -> (Host, String, Ws, Ws) {
@@ -66,7 +75,8 @@ async fn drain(ws: &mut Ws) -> (Vec<u64>, usize) {
     let mut seqs = Vec::new();
     let mut gaps = 0;
     let mut last = 0;
-    while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(1500), ws.s.next()).await {
+    while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(1500), ws.s.next()).await
+    {
         if let Message::Text(t) = m {
             let v: Value = serde_json::from_str(&t).unwrap();
             if v["op"] == "msg" {
@@ -89,7 +99,11 @@ async fn disconnect_policy_closes_the_slow_reader_only() {
     let started = Instant::now();
     flood(&h, "t", &key, false).await;
     healthy_gets_everything(&mut healthy, started).await;
-    assert!(h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"disconnected\"}").await >= 1.0);
+    assert!(
+        h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"disconnected\"}")
+            .await
+            >= 1.0
+    );
     // The slow reader's stream ends (its close frame may not fit in a full socket).
     let mut ended = false;
     for _ in 0..2000 {
@@ -119,10 +133,18 @@ async fn drop_oldest_policy_drops_and_shows_gaps() {
     let started = Instant::now();
     flood(&h, "t", &key, false).await;
     healthy_gets_everything(&mut healthy, started).await;
-    assert!(h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"dropped\"}").await >= 1.0);
+    assert!(
+        h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"dropped\"}")
+            .await
+            >= 1.0
+    );
     let (seqs, gaps) = drain(&mut slow).await;
     assert_eq!(seqs.last(), Some(&MESSAGES), "the newest message arrives");
-    assert!(gaps >= 1 && (seqs.len() as u64) < MESSAGES, "drops are visible as gaps: {} seen", seqs.len());
+    assert!(
+        gaps >= 1 && (seqs.len() as u64) < MESSAGES,
+        "drops are visible as gaps: {} seen",
+        seqs.len()
+    );
     h.stop().await;
 }
 
@@ -132,11 +154,18 @@ async fn conflate_policy_keeps_latest_per_key() {
     let started = Instant::now();
     flood(&h, "t", &key, true).await;
     healthy_gets_everything(&mut healthy, started).await;
-    assert!(h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"conflated\"}").await >= 1.0);
+    assert!(
+        h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"conflated\"}")
+            .await
+            >= 1.0
+    );
     let (seqs, _) = drain(&mut slow).await;
     // The last message of every key (the last four seqs) survives conflation.
     for s in MESSAGES - 3..=MESSAGES {
-        assert!(seqs.contains(&s), "latest of each key delivered: missing {s}");
+        assert!(
+            seqs.contains(&s),
+            "latest of each key delivered: missing {s}"
+        );
     }
     assert!((seqs.len() as u64) < MESSAGES);
     h.stop().await;
