@@ -29,7 +29,9 @@ const MAX_FRAME: usize = 1 << 20;
 /// Time for connect + handshake + acks of one connection.
 pub const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Transport {
     Ws,
@@ -55,7 +57,10 @@ pub struct ConnSpec {
 }
 
 pub fn now_nanos() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 /// The server frames a client looks at; other fields are skipped.
@@ -106,7 +111,9 @@ pub fn on_json(text: &[u8], now_ns: u64, tracker: &mut SeqTracker, stats: &mut S
         "msg" => {
             stats.msgs += 1;
             match (f.ch.as_deref(), f.seq, f.prev) {
-                (Some(ch), Some(seq), Some(prev)) => stats.count_check(tracker.on_msg(ch, seq, prev)),
+                (Some(ch), Some(seq), Some(prev)) => {
+                    stats.count_check(tracker.on_msg(ch, seq, prev))
+                }
                 _ => stats.bad += 1,
             }
             match f.data.and_then(|d| d.t) {
@@ -149,9 +156,13 @@ async fn connect(spec: &ConnSpec) -> anyhow::Result<TcpStream> {
     };
     // Close with RST so thousands of closed client ports do not sit in
     // TIME_WAIT and starve the next run's source ports.
-    sock.set_linger(Some(Duration::ZERO))?;
-    sock.bind(SocketAddr::new(spec.source, 0)).with_context(|| format!("binding {}", spec.source))?;
-    let stream = sock.connect(spec.target).await.with_context(|| format!("connecting to {}", spec.target))?;
+    sock.set_zero_linger()?;
+    sock.bind(SocketAddr::new(spec.source, 0))
+        .with_context(|| format!("binding {}", spec.source))?;
+    let stream = sock
+        .connect(spec.target)
+        .await
+        .with_context(|| format!("connecting to {}", spec.target))?;
     stream.set_nodelay(true)?;
     Ok(stream)
 }
@@ -173,7 +184,11 @@ async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> anyhow::Result<
 
 impl Conn {
     /// Connects, completes the handshake and subscribes to `channels`.
-    pub async fn open(spec: &ConnSpec, channels: &[String], stats: &RefCell<Stats>) -> anyhow::Result<Conn> {
+    pub async fn open(
+        spec: &ConnSpec,
+        channels: &[String],
+        stats: &RefCell<Stats>,
+    ) -> anyhow::Result<Conn> {
         let mut stream = connect(spec).await?;
         let mut buf = Vec::with_capacity(2048);
         let mut tracker = SeqTracker::default();
@@ -187,7 +202,10 @@ impl Conn {
                 stream.write_all(req.as_bytes()).await?;
                 let (status, head_len) = read_head(&mut stream, &mut buf).await?;
                 if status != 101 {
-                    bail!("handshake answered {status}: {}", String::from_utf8_lossy(&buf[head_len..]).trim());
+                    bail!(
+                        "handshake answered {status}: {}",
+                        String::from_utf8_lossy(&buf[head_len..]).trim()
+                    );
                 }
                 buf.drain(..head_len);
                 let mut subs = Vec::new();
@@ -196,7 +214,12 @@ impl Conn {
                     subs.extend_from_slice(&encode_client_frame(OpCode::Text, op.as_bytes(), MASK));
                 }
                 stream.write_all(&subs).await?;
-                let mut conn = Conn { stream, buf, tracker, transport: Transport::Ws };
+                let mut conn = Conn {
+                    stream,
+                    buf,
+                    tracker,
+                    transport: Transport::Ws,
+                };
                 let mut acked = 0;
                 while acked < channels.len() {
                     if conn.stream.read_buf(&mut conn.buf).await? == 0 {
@@ -223,17 +246,28 @@ impl Conn {
                     path.push_str("ch=");
                     path.push_str(ch);
                 }
-                let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\n\r\n", spec.target);
+                let req = format!(
+                    "GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\n\r\n",
+                    spec.target
+                );
                 stream.write_all(req.as_bytes()).await?;
                 let (status, head_len) = read_head(&mut stream, &mut buf).await?;
                 if status != 200 {
-                    bail!("SSE request answered {status}: {}", String::from_utf8_lossy(&buf[head_len..]).trim());
+                    bail!(
+                        "SSE request answered {status}: {}",
+                        String::from_utf8_lossy(&buf[head_len..]).trim()
+                    );
                 }
                 buf.drain(..head_len);
                 for ch in channels {
                     tracker.start(ch, None);
                 }
-                Ok(Conn { stream, buf, tracker, transport: Transport::Sse })
+                Ok(Conn {
+                    stream,
+                    buf,
+                    tracker,
+                    transport: Transport::Sse,
+                })
             }
         }
     }
@@ -259,7 +293,11 @@ impl Conn {
                     reply.extend_from_slice(&encode_client_frame(OpCode::Pong, payload, MASK));
                 }
                 OpCode::Close => {
-                    let code = (payload.len() >= 2).then(|| u16::from_be_bytes([payload[0], payload[1]])).unwrap_or(1005);
+                    let code = if payload.len() >= 2 {
+                        u16::from_be_bytes([payload[0], payload[1]])
+                    } else {
+                        1005
+                    };
                     stats.count_close(code);
                     break Err(anyhow::anyhow!("server closed with code {code}"));
                 }
@@ -300,7 +338,10 @@ impl Conn {
             }
             if event == b"close" {
                 stats.count_close(4000);
-                result = Err(anyhow::anyhow!("server ended the stream: {}", String::from_utf8_lossy(&data)));
+                result = Err(anyhow::anyhow!(
+                    "server ended the stream: {}",
+                    String::from_utf8_lossy(&data)
+                ));
                 break;
             }
             on_json(&data, now, &mut self.tracker, stats);
@@ -367,15 +408,30 @@ mod tests {
         let mut tr = SeqTracker::default();
         let mut st = Stats::default();
         let ack = br#"{"op":"ack","id":1,"ch":"c","epoch":9,"seq":4}"#;
-        assert_eq!(on_json(ack, 0, &mut tr, &mut st), Event::Ack { id: Some(1) });
+        assert_eq!(
+            on_json(ack, 0, &mut tr, &mut st),
+            Event::Ack { id: Some(1) }
+        );
         let t = 1_000_000_000u64;
-        let m = format!(r#"{{"op":"msg","ch":"c","seq":5,"prev":4,"data":{{"t":{t},"pad":"xx\"y"}}}}"#);
-        assert_eq!(on_json(m.as_bytes(), t + 2_500_000, &mut tr, &mut st), Event::Msg);
+        let m =
+            format!(r#"{{"op":"msg","ch":"c","seq":5,"prev":4,"data":{{"t":{t},"pad":"xx\"y"}}}}"#);
+        assert_eq!(
+            on_json(m.as_bytes(), t + 2_500_000, &mut tr, &mut st),
+            Event::Msg
+        );
         let m = format!(r#"{{"op":"msg","ch":"c","seq":8,"prev":7,"data":{{"t":{t}}}}}"#);
         on_json(m.as_bytes(), t + 1_000, &mut tr, &mut st);
-        assert_eq!((st.frames, st.msgs, st.gaps, st.missing, st.bad), (3, 2, 1, 3, 0));
+        assert_eq!(
+            (st.frames, st.msgs, st.gaps, st.missing, st.bad),
+            (3, 2, 1, 2, 0)
+        );
         assert_eq!(st.latency_us.max(), 2500);
-        let e = on_json(br#"{"op":"err","id":2,"code":"forbidden","msg":"no \"way\""}"#, 0, &mut tr, &mut st);
+        let e = on_json(
+            br#"{"op":"err","id":2,"code":"forbidden","msg":"no \"way\""}"#,
+            0,
+            &mut tr,
+            &mut st,
+        );
         assert_eq!(e, Event::Err("err forbidden: no \"way\"".into()));
         on_json(b"not json", 0, &mut tr, &mut st);
         assert_eq!(st.bad, 1);

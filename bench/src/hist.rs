@@ -22,12 +22,17 @@ pub struct Histogram {
     counts: Vec<u64>,
     total: u64,
     max: u64,
-    sum: u128,
+    sum: u64,
 }
 
 impl Default for Histogram {
     fn default() -> Self {
-        Histogram { counts: vec![0; BUCKETS], total: 0, max: 0, sum: 0 }
+        Histogram {
+            counts: vec![0; BUCKETS],
+            total: 0,
+            max: 0,
+            sum: 0,
+        }
     }
 }
 
@@ -57,7 +62,7 @@ fn upper(i: usize) -> u64 {
 pub struct SparseHistogram {
     pub buckets: Vec<[u64; 2]>,
     pub max: u64,
-    pub sum: u128,
+    pub sum: u64,
 }
 
 impl Histogram {
@@ -65,7 +70,7 @@ impl Histogram {
         self.counts[index(v)] += 1;
         self.total += 1;
         self.max = self.max.max(v);
-        self.sum += u128::from(v);
+        self.sum = self.sum.saturating_add(v);
     }
 
     pub fn count(&self) -> u64 {
@@ -86,7 +91,7 @@ impl Histogram {
         }
         self.total += other.total;
         self.max = self.max.max(other.max);
-        self.sum += other.sum;
+        self.sum = self.sum.saturating_add(other.sum);
     }
 
     /// The value at percentile `p` (0–100): the upper bound of the bucket that
@@ -96,7 +101,9 @@ impl Histogram {
         if self.total == 0 {
             return None;
         }
-        let rank = ((p.clamp(0.0, 100.0) / 100.0) * self.total as f64).ceil().max(1.0) as u64;
+        let rank = ((p.clamp(0.0, 100.0) / 100.0) * self.total as f64)
+            .ceil()
+            .max(1.0) as u64;
         let mut seen = 0;
         for (i, c) in self.counts.iter().enumerate() {
             seen += c;
@@ -209,7 +216,9 @@ mod tests {
             a.record(v * 7);
             b.record(v * 13 + 1);
         }
-        let back = Histogram::from_sparse(&serde_json::from_str(&serde_json::to_string(&a.to_sparse()).unwrap()).unwrap());
+        let back = Histogram::from_sparse(
+            &serde_json::from_str(&serde_json::to_string(&a.to_sparse()).unwrap()).unwrap(),
+        );
         assert_eq!(back, a);
         let mut m = a.clone();
         m.merge(&b);

@@ -22,11 +22,15 @@ pub struct Response {
 
 impl Response {
     pub fn json(&self) -> anyhow::Result<serde_json::Value> {
-        serde_json::from_slice(&self.body).with_context(|| format!("response is not JSON: {}", self.text()))
+        serde_json::from_slice(&self.body)
+            .with_context(|| format!("response is not JSON: {}", self.text()))
     }
 
     pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).chars().take(500).collect()
+        String::from_utf8_lossy(&self.body)
+            .chars()
+            .take(500)
+            .collect()
     }
 }
 
@@ -39,7 +43,11 @@ pub struct HttpConn {
 
 impl HttpConn {
     pub fn new(addr: SocketAddr) -> HttpConn {
-        HttpConn { addr, stream: None, buf: Vec::with_capacity(4096) }
+        HttpConn {
+            addr,
+            stream: None,
+            buf: Vec::with_capacity(4096),
+        }
     }
 
     pub async fn request(
@@ -54,7 +62,10 @@ impl HttpConn {
             head.push_str(&format!("Authorization: Bearer {t}\r\n"));
         }
         if !body.is_empty() || method == "POST" {
-            head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
+            head.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                body.len()
+            ));
         }
         head.push_str("\r\n");
         let mut req = head.into_bytes();
@@ -79,7 +90,9 @@ impl HttpConn {
 
     async fn roundtrip(&mut self, req: &[u8]) -> anyhow::Result<Response> {
         if self.stream.is_none() {
-            let s = TcpStream::connect(self.addr).await.with_context(|| format!("connecting to {}", self.addr))?;
+            let s = TcpStream::connect(self.addr)
+                .await
+                .with_context(|| format!("connecting to {}", self.addr))?;
             s.set_nodelay(true)?;
             self.stream = Some(s);
             self.buf.clear();
@@ -97,7 +110,10 @@ impl HttpConn {
 }
 
 /// Reads one response; returns it and whether the connection must close.
-async fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> anyhow::Result<(Response, bool)> {
+async fn read_response(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> anyhow::Result<(Response, bool)> {
     loop {
         let parsed = parse_head(buf)?;
         if let Some(h) = parsed {
@@ -112,7 +128,13 @@ async fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> anyhow::Res
                     Some(end) if buf.len() >= end => {
                         let body = buf[h.head_len..end].to_vec();
                         buf.drain(..end);
-                        return Ok((Response { status: h.status, body }, h.close));
+                        return Ok((
+                            Response {
+                                status: h.status,
+                                body,
+                            },
+                            h.close,
+                        ));
                     }
                     _ => {}
                 }
@@ -121,7 +143,13 @@ async fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> anyhow::Res
                     if body_end.is_none() {
                         let body = buf[h.head_len..].to_vec();
                         buf.clear();
-                        return Ok((Response { status: h.status, body }, true));
+                        return Ok((
+                            Response {
+                                status: h.status,
+                                body,
+                            },
+                            true,
+                        ));
                     }
                     bail!("connection closed in the middle of a response body");
                 }
@@ -152,7 +180,13 @@ pub fn parse_head(buf: &[u8]) -> anyhow::Result<Option<Head>> {
         httparse::Status::Complete(n) => n,
         httparse::Status::Partial => return Ok(None),
     };
-    let mut h = Head { status: r.code.unwrap_or(0), head_len, content_length: None, chunked: false, close: false };
+    let mut h = Head {
+        status: r.code.unwrap_or(0),
+        head_len,
+        content_length: None,
+        chunked: false,
+        close: false,
+    };
     for hd in r.headers.iter() {
         let v = std::str::from_utf8(hd.value).unwrap_or("").trim();
         if hd.name.eq_ignore_ascii_case("content-length") {
@@ -166,23 +200,6 @@ pub fn parse_head(buf: &[u8]) -> anyhow::Result<Option<Head>> {
     Ok(Some(h))
 }
 
-/// Polls `GET path` until it answers 200 or `timeout` passes.
-pub async fn wait_ready(addr: SocketAddr, path: &str, timeout: Duration) -> anyhow::Result<()> {
-    let until = tokio::time::Instant::now() + timeout;
-    let mut last = String::from("no answer");
-    while tokio::time::Instant::now() < until {
-        let mut c = HttpConn::new(addr);
-        match tokio::time::timeout(Duration::from_secs(1), c.request("GET", path, None, b"")).await {
-            Ok(Ok(r)) if r.status == 200 => return Ok(()),
-            Ok(Ok(r)) => last = format!("status {}", r.status),
-            Ok(Err(e)) => last = format!("{e:#}"),
-            Err(_) => last = "timed out".into(),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    bail!("{addr}{path} not ready after {timeout:?}: {last}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,10 +207,19 @@ mod tests {
     #[test]
     fn parses_response_heads() {
         assert_eq!(parse_head(b"HTTP/1.1 200 OK\r\nContent-Le").unwrap(), None);
-        let h = parse_head(b"HTTP/1.1 201 Created\r\ncontent-length: 12\r\n\r\n{\"a\":1}").unwrap().unwrap();
-        assert_eq!((h.status, h.content_length, h.close), (201, Some(12), false));
+        let h = parse_head(b"HTTP/1.1 201 Created\r\ncontent-length: 12\r\n\r\n{\"a\":1}")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (h.status, h.content_length, h.close),
+            (201, Some(12), false)
+        );
         assert_eq!(h.head_len, 44);
-        let h = parse_head(b"HTTP/1.1 503 Busy\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap().unwrap();
+        let h = parse_head(
+            b"HTTP/1.1 503 Busy\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
         assert!(h.close && h.chunked);
         assert!(parse_head(b"garbage\r\n\r\n").is_err());
     }

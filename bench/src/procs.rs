@@ -21,7 +21,10 @@ pub struct ChildGuard {
 
 impl ChildGuard {
     pub fn new(name: impl Into<String>, child: Child) -> ChildGuard {
-        ChildGuard { name: name.into(), child: Some(child) }
+        ChildGuard {
+            name: name.into(),
+            child: Some(child),
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -32,18 +35,18 @@ impl ChildGuard {
         self.child.as_ref().map_or(0, |c| c.id())
     }
 
-    pub fn child_mut(&mut self) -> Option<&mut Child> {
-        self.child.as_mut()
-    }
-
     /// `Some(status)` when the child has already exited.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Waits up to `grace` for the child to exit by itself, then kills it.
     pub fn stop(&mut self, grace: Duration) {
-        let Some(mut child) = self.child.take() else { return };
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
         let until = Instant::now() + grace;
         while Instant::now() < until {
             match child.try_wait() {
@@ -80,7 +83,10 @@ pub struct TempDir {
 
 impl TempDir {
     pub fn new(prefix: &str) -> anyhow::Result<TempDir> {
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
         let path = std::env::temp_dir().join(format!("{prefix}-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
         Ok(TempDir { path })
@@ -132,6 +138,26 @@ pub fn cpu_secs(pid: u32) -> anyhow::Result<f64> {
     Ok(ticks as f64 / TICKS_PER_SEC)
 }
 
+/// Busy CPU time of the whole machine (user + nice + system + irq + softirq
+/// of the `cpu` line) from a `/proc/stat` text, in ticks.
+pub fn parse_machine_busy_ticks(stat: &str) -> Option<u64> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    Some(f.first()? + f.get(1)? + f.get(2)? + f.get(5)? + f.get(6)?)
+}
+
+/// Busy CPU seconds of the whole machine since boot; the difference over a
+/// window, minus the bench's own processes, is what others used meanwhile.
+pub fn machine_busy_secs() -> anyhow::Result<f64> {
+    let s = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let ticks = parse_machine_busy_ticks(&s).context("parsing /proc/stat")?;
+    Ok(ticks as f64 / TICKS_PER_SEC)
+}
+
 /// Last `n` lines of a text file, for error messages.
 pub fn tail(path: &Path, n: usize) -> String {
     let s = std::fs::read_to_string(path).unwrap_or_default();
@@ -157,6 +183,12 @@ mod tests {
         assert_eq!(parse_status_kib(status, "VmSwap"), None);
         let stat = "4242 (tokio (rt) x) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 4 0";
         assert_eq!(parse_stat_ticks(stat), Some(300));
+        // user nice system idle iowait irq softirq steal …
+        let proc_stat = "cpu  100 2 30 999 7 4 5 6 0 0\ncpu0 1 1 1 1 1 1 1 1 0 0\n";
+        assert_eq!(
+            parse_machine_busy_ticks(proc_stat),
+            Some(100 + 2 + 30 + 4 + 5)
+        );
     }
 
     #[test]
@@ -169,7 +201,10 @@ mod tests {
 
     #[test]
     fn guard_kills_its_child() {
-        let child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let pid = child.id();
         drop(ChildGuard::new("sleep", child));
         // Reaped: the pid no longer has a /proc entry (or belongs to someone else).

@@ -41,12 +41,22 @@ pub fn fmt_int(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        // (`is_multiple_of` needs Rust 1.87; the workspace supports 1.85.)
+        if i > 0 && matches!((s.len() - i) % 3, 0) {
             out.push(',');
         }
         out.push(c);
     }
     out
+}
+
+/// A rate as a whole number with separators, or `n/a` (e.g. no CPU time was
+/// measurable: /proc counts in 10 ms ticks).
+pub fn fmt_rate(r: Option<f64>) -> String {
+    match r {
+        Some(r) if r.is_finite() && r >= 0.0 => fmt_int(r.round() as u64),
+        _ => "n/a".to_string(),
+    }
 }
 
 /// Microseconds as milliseconds with two decimals, or `n/a`.
@@ -76,11 +86,21 @@ pub fn utc_string(unix_secs: u64) -> String {
     let days = (unix_secs / 86_400) as i64;
     let rem = unix_secs % 86_400;
     let (y, m, d) = civil_from_days(days);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 pub fn utc_now() -> String {
-    utc_string(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0))
+    utc_string(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    )
 }
 
 /// Directory of this crate (bench/), fixed at build time.
@@ -157,6 +177,8 @@ mod tests {
         assert_eq!(fmt_int(1_234_567), "1,234,567");
         assert_eq!(fmt_ms(Some(1234)), "1.23 ms");
         assert_eq!(fmt_ms(None), "n/a");
+        assert_eq!(fmt_rate(Some(125_786.4)), "125,786");
+        assert_eq!(fmt_rate(None), "n/a");
     }
 
     #[test]

@@ -38,10 +38,6 @@ impl SeqTracker {
         }
     }
 
-    pub fn channels(&self) -> usize {
-        self.chans.len()
-    }
-
     /// Checks one message and records its position.
     pub fn on_msg(&mut self, ch: &str, seq: u64, prev: u64) -> SeqCheck {
         let Some(entry) = self.chans.iter_mut().find(|(c, _)| &**c == ch) else {
@@ -51,9 +47,13 @@ impl SeqTracker {
             None => SeqCheck::First,
             Some(last) if seq <= last => return SeqCheck::Backwards,
             Some(last) if prev == last => SeqCheck::InOrder,
-            Some(last) if prev > last => SeqCheck::Gap { missing: prev - last },
+            Some(last) if prev > last => SeqCheck::Gap {
+                missing: prev - last,
+            },
             // prev < last < seq: the server skipped positions without saying so.
-            Some(last) => SeqCheck::Gap { missing: seq - last - 1 },
+            Some(last) => SeqCheck::Gap {
+                missing: seq - last - 1,
+            },
         };
         entry.1 = Some(seq);
         check
@@ -213,7 +213,6 @@ mod tests {
         assert_eq!(t.on_msg("a", 10, 9), SeqCheck::First);
         assert_eq!(t.on_msg("a", 11, 10), SeqCheck::InOrder);
         assert_eq!(t.on_msg("b", 3, 2), SeqCheck::First);
-        assert_eq!(t.channels(), 2);
     }
 
     #[test]

@@ -49,9 +49,21 @@ pub struct WorkerArgs {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum WorkerMsg {
-    Ready { connected: usize, failed: usize, first_error: Option<String>, secs: f64 },
-    Progress { msgs: u64, frames: u64, closed_early: u64 },
-    Report { stats: StatsWire, deadline_hit: bool },
+    Ready {
+        connected: usize,
+        failed: usize,
+        first_error: Option<String>,
+        secs: f64,
+    },
+    Progress {
+        msgs: u64,
+        frames: u64,
+        closed_early: u64,
+    },
+    Report {
+        stats: StatsWire,
+        deadline_hit: bool,
+    },
 }
 
 /// Name of channel number `i`.
@@ -64,7 +76,9 @@ pub fn channel_name(i: usize) -> String {
 pub fn channels_for(conn: usize, channels: usize, subs: usize) -> Vec<String> {
     let channels = channels.max(1);
     let subs = subs.clamp(1, channels);
-    (0..subs).map(|j| channel_name((conn * subs + j) % channels)).collect()
+    (0..subs)
+        .map(|j| channel_name((conn * subs + j) % channels))
+        .collect()
 }
 
 fn emit(msg: &WorkerMsg) {
@@ -74,7 +88,9 @@ fn emit(msg: &WorkerMsg) {
 
 pub fn main(args: WorkerArgs) -> anyhow::Result<()> {
     let _ = rlimit::increase_nofile_limit(u64::MAX);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, run(args))
 }
@@ -101,7 +117,12 @@ fn stdin_commands() -> mpsc::UnboundedReceiver<String> {
 async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.deadline_secs);
-    let spec = ConnSpec { target: args.target, source: args.source, tenant: args.tenant.clone(), transport: args.transport };
+    let spec = ConnSpec {
+        target: args.target,
+        source: args.source,
+        tenant: args.tenant.clone(),
+        transport: args.transport,
+    };
     let stats = Rc::new(RefCell::new(Stats::default()));
     let (stop_tx, stop_rx) = watch::channel(false);
     let permits = Rc::new(Semaphore::new(args.connect_concurrency.max(1)));
@@ -111,15 +132,23 @@ async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let mut tasks = Vec::with_capacity(args.conns);
     for i in 0..args.conns {
         let channels = channels_for(args.first_conn + i, args.channels, args.subs_per_conn);
-        let (spec, stats, stop_rx, permits) = (spec.clone(), stats.clone(), stop_rx.clone(), permits.clone());
-        let (connected, failed, first_error) = (connected.clone(), failed.clone(), first_error.clone());
+        let (spec, stats, stop_rx, permits) = (
+            spec.clone(),
+            stats.clone(),
+            stop_rx.clone(),
+            permits.clone(),
+        );
+        let (connected, failed, first_error) =
+            (connected.clone(), failed.clone(), first_error.clone());
         tasks.push(tokio::task::spawn_local(async move {
             let conn = {
                 let _permit = permits.acquire().await.ok();
                 let mut attempt = 0;
                 loop {
                     attempt += 1;
-                    let r = tokio::time::timeout(OPEN_TIMEOUT, Conn::open(&spec, &channels, &stats)).await;
+                    let r =
+                        tokio::time::timeout(OPEN_TIMEOUT, Conn::open(&spec, &channels, &stats))
+                            .await;
                     let err = match r {
                         Ok(Ok(c)) => break Some(c),
                         Ok(Err(e)) => format!("{e:#}"),
@@ -174,13 +203,19 @@ async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             let _ = t.await;
         }
     };
-    if tokio::time::timeout(Duration::from_secs(5), wait_all).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), wait_all)
+        .await
+        .is_err()
+    {
         for t in &tasks {
             t.abort();
         }
     }
     let report = stats.borrow().to_wire();
-    emit(&WorkerMsg::Report { stats: report, deadline_hit });
+    emit(&WorkerMsg::Report {
+        stats: report,
+        deadline_hit,
+    });
     Ok(())
 }
 
@@ -199,9 +234,36 @@ mod tests {
 
     #[test]
     fn messages_roundtrip() {
-        let m = WorkerMsg::Ready { connected: 3, failed: 1, first_error: Some("x".into()), secs: 0.5 };
+        let m = WorkerMsg::Ready {
+            connected: 3,
+            failed: 1,
+            first_error: Some("x".into()),
+            secs: 0.5,
+        };
         let s = serde_json::to_string(&m).unwrap();
         assert!(s.starts_with(r#"{"type":"ready""#), "{s}");
-        assert!(matches!(serde_json::from_str(&s).unwrap(), WorkerMsg::Ready { connected: 3, .. }));
+        assert!(matches!(
+            serde_json::from_str(&s).unwrap(),
+            WorkerMsg::Ready { connected: 3, .. }
+        ));
+        // A report with a filled histogram survives the internally tagged enum.
+        let mut st = Stats::default();
+        st.latency_us.record(1_234_567);
+        st.count_close(4001);
+        let s = serde_json::to_string(&WorkerMsg::Report {
+            stats: st.to_wire(),
+            deadline_hit: true,
+        })
+        .unwrap();
+        match serde_json::from_str(&s).unwrap() {
+            WorkerMsg::Report {
+                stats,
+                deadline_hit,
+            } => {
+                assert!(deadline_hit);
+                assert_eq!(Stats::from_wire(&stats).latency_us, st.latency_us);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
