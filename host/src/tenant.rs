@@ -7,8 +7,11 @@
 //! slots are RAII guards, so a count cannot leak when a session ends by any
 //! path. Must never block on the registry while holding a lock.
 
+use crate::fanout::conflate::{ConflationSettings, Conflator};
 use crate::fanout::queue::SlowConsumer;
 use crate::fanout::{HistoryLimits, Hub};
+use crate::plugin::active::ActivePlugin;
+use crate::plugin::SandboxLimits;
 use crate::metrics::TenantMetrics;
 use crate::ratelimit::TokenBucket;
 use parking_lot::{Mutex, RwLock};
@@ -52,6 +55,9 @@ pub struct TenantLimits {
     pub publish_burst: u32,
     pub history_size: usize,
     pub history_ttl_ms: u64,
+    pub plugin_memory_bytes: usize,
+    pub plugin_deadline_ms: u64,
+    pub plugin_max_bytes: usize,
 }
 
 impl TenantLimits {
@@ -59,6 +65,13 @@ impl TenantLimits {
         HistoryLimits {
             max_messages: self.history_size,
             max_age_ms: self.history_ttl_ms,
+        }
+    }
+
+    pub fn sandbox(&self) -> SandboxLimits {
+        SandboxLimits {
+            memory_bytes: self.plugin_memory_bytes,
+            deadline: Duration::from_millis(self.plugin_deadline_ms),
         }
     }
 }
@@ -86,6 +99,12 @@ pub struct LimitOverrides {
     pub history_size: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history_ttl_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_memory_bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_deadline_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_max_bytes: Option<usize>,
 }
 
 impl LimitOverrides {
@@ -101,6 +120,9 @@ impl LimitOverrides {
             publish_burst: self.publish_burst.unwrap_or(defaults.publish_burst),
             history_size: self.history_size.unwrap_or(defaults.history_size),
             history_ttl_ms: self.history_ttl_ms.unwrap_or(defaults.history_ttl_ms),
+            plugin_memory_bytes: self.plugin_memory_bytes.unwrap_or(defaults.plugin_memory_bytes),
+            plugin_deadline_ms: self.plugin_deadline_ms.unwrap_or(defaults.plugin_deadline_ms),
+            plugin_max_bytes: self.plugin_max_bytes.unwrap_or(defaults.plugin_max_bytes),
         };
         if l.max_message_bytes < 64 {
             return Err("limits.max_message_bytes must be at least 64".into());
@@ -114,6 +136,15 @@ impl LimitOverrides {
         if l.history_size > 100_000 {
             return Err("limits.history_size must be at most 100000".into());
         }
+        if !(1 << 20..=4 << 30).contains(&l.plugin_memory_bytes) {
+            return Err("limits.plugin_memory_bytes must be between 1 MiB and 4 GiB".into());
+        }
+        if !(1..=10_000).contains(&l.plugin_deadline_ms) {
+            return Err("limits.plugin_deadline_ms must be between 1 and 10000".into());
+        }
+        if !(1024..=256 << 20).contains(&l.plugin_max_bytes) {
+            return Err("limits.plugin_max_bytes must be between 1 KiB and 256 MiB".into());
+        }
         Ok(l)
     }
 }
@@ -126,6 +157,7 @@ pub struct TenantSettings {
     pub overrides: LimitOverrides,
     pub limits: TenantLimits,
     pub publish_key_sha256: [u8; 32],
+    pub conflation: ConflationSettings,
 }
 
 /// A live tenant.
@@ -139,6 +171,13 @@ pub struct Tenant {
     /// close with 4000 then.
     cancel: RwLock<CancellationToken>,
     pub metrics: TenantMetrics,
+    /// The active plugin version; swapped whole, so calls in flight finish on
+    /// the version they started with.
+    plugin: RwLock<Option<Arc<ActivePlugin>>>,
+    /// Keyed messages waiting for the conflation window to close.
+    pub conflator: Mutex<Conflator>,
+    /// When the conflation window last closed.
+    pub last_flush: Mutex<Instant>,
 }
 
 pub fn key_digest(key: &str) -> [u8; 32] {
@@ -160,7 +199,19 @@ impl Tenant {
             rate: Mutex::new(rate),
             cancel: RwLock::new(parent.child_token()),
             metrics: TenantMetrics::new(id),
+            plugin: RwLock::new(None),
+            conflator: Mutex::new(Conflator::default()),
+            last_flush: Mutex::new(Instant::now()),
         })
+    }
+
+    pub fn plugin(&self) -> Option<Arc<ActivePlugin>> {
+        self.plugin.read().clone()
+    }
+
+    /// Swaps the active plugin atomically; returns the one it replaced.
+    pub fn set_plugin(&self, p: Option<Arc<ActivePlugin>>) -> Option<Arc<ActivePlugin>> {
+        std::mem::replace(&mut *self.plugin.write(), p)
     }
 
     pub fn settings(&self) -> Arc<TenantSettings> {
@@ -339,6 +390,7 @@ pub(crate) mod tests {
             overrides: LimitOverrides::default(),
             limits: defaults(),
             publish_key_sha256: key_digest("k"),
+            conflation: ConflationSettings::default(),
         };
         Tenant::new(id, settings, &CancellationToken::new())
     }
@@ -373,6 +425,7 @@ pub(crate) mod tests {
                 overrides: LimitOverrides::default(),
                 limits,
                 publish_key_sha256: key_digest("k"),
+                conflation: ConflationSettings::default(),
             },
             &parent,
         );

@@ -49,19 +49,31 @@ pub struct SessionHandle {
     wire: Wire,
     limit_bytes: usize,
     policy: SlowConsumer,
+    /// Set by the tenant's plugin at connect; selects message variants.
+    audience: Option<Arc<str>>,
     state: Mutex<State>,
     wake: Notify,
 }
 
 impl SessionHandle {
-    pub fn new(wire: Wire, limit_bytes: usize, policy: SlowConsumer) -> Arc<SessionHandle> {
+    pub fn new(
+        wire: Wire,
+        limit_bytes: usize,
+        policy: SlowConsumer,
+        audience: Option<Arc<str>>,
+    ) -> Arc<SessionHandle> {
         Arc::new(SessionHandle {
             wire,
             limit_bytes,
             policy,
+            audience,
             state: Mutex::default(),
             wake: Notify::new(),
         })
+    }
+
+    pub fn audience(&self) -> Option<&str> {
+        self.audience.as_deref()
     }
 
     pub fn wire(&self) -> Wire {

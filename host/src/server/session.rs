@@ -13,7 +13,9 @@ use crate::fanout::session::{QueueClose, SessionHandle};
 use crate::proto::ws::{self, close, Assembler, FrameError, Message, Role};
 use crate::proto::{self, sse, ClientOp, ErrorCode};
 use crate::registry::now_ms;
-use crate::tenant::{ConnectionSlot, Tenant};
+use crate::plugin::Session;
+use crate::server::Admitted;
+use crate::tenant::{Access, Tenant};
 use bytes::{Buf, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
@@ -135,21 +137,66 @@ struct WsReader {
     partial: Vec<u8>,
     assembler: Assembler,
     subs: Vec<Arc<str>>,
+    /// Who the tenant's plugin said this connection is.
+    session: Option<Arc<Session>>,
+}
+
+/// Why a subscription was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubRefusal {
+    /// The plugin (or the absence of one) said no: (code, message).
+    Denied(String, String),
+    /// The plugin failed; the subscription fails closed. Carries the error kind.
+    Failed(&'static str),
+}
+
+/// Asks the tenant's plugin whether `session` may subscribe to `channel`.
+/// Public tenants, and plugins without the hook, allow everything.
+pub fn authorize_subscribe(tenant: &Tenant, session: Option<&Session>, channel: &str) -> Result<(), SubRefusal> {
+    if tenant.settings().access == Access::Public {
+        return Ok(());
+    }
+    let Some(p) = tenant.plugin() else {
+        return Err(SubRefusal::Denied("no_active_plugin".into(), "the tenant has no active plugin".into()));
+    };
+    if !p.info.hooks.authorize_subscribe {
+        return Ok(());
+    }
+    let anonymous;
+    let session = match session {
+        Some(s) => s,
+        None => {
+            anonymous = Session { subject: "anonymous".into(), audience: None, attributes: Vec::new() };
+            &anonymous
+        }
+    };
+    match p.authorize_subscribe(session, channel) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(d)) => Err(SubRefusal::Denied(d.code, d.message)),
+        Err(e) => {
+            tenant.metrics.plugin_failure("authorize_subscribe", e.kind());
+            tracing::warn!(tenant = %tenant.id, kind = e.kind(), error = %e, "authorize-subscribe failed; subscription refused");
+            Err(SubRefusal::Failed(e.kind()))
+        }
+    }
 }
 
 /// Runs a WebSocket session until it ends. `early` holds bytes the client
 /// sent right after its handshake request.
-pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, slot: ConnectionSlot) {
+pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: Admitted) {
+    let Admitted { slot, session } = admitted;
     let tenant = slot.tenant.clone();
     let settings = tenant.settings();
     let limits = SessionLimits {
         max_subscriptions: settings.limits.max_subscriptions,
         max_message_bytes: settings.limits.max_message_bytes,
     };
+    let audience = session.as_ref().and_then(|s| s.audience.as_deref()).map(Arc::from);
     let handle = SessionHandle::new(
         Wire::Ws,
         settings.limits.queue_bytes,
         settings.limits.slow_consumer,
+        audience,
     );
     drop(settings);
     tenant.metrics.opened_ws.increment(1);
@@ -157,6 +204,7 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, slot: Conn
         partial: early,
         assembler: Assembler::default(),
         subs: Vec::new(),
+        session,
     };
     let mut out = Outbox::default();
     let cancel = tenant.cancel_token();
@@ -448,6 +496,22 @@ impl WsReader {
                     );
                     return;
                 }
+                if !already {
+                    match authorize_subscribe(tenant, self.session.as_deref(), &ch) {
+                        Ok(()) => {}
+                        Err(SubRefusal::Denied(code, msg)) => {
+                            tenant.metrics.client_error(ErrorCode::Forbidden.as_str());
+                            let msg = format!("{code}: {msg}");
+                            handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::Forbidden, &msg));
+                            return;
+                        }
+                        Err(SubRefusal::Failed(kind)) => {
+                            let msg = format!("the tenant's plugin failed ({kind}); try again later");
+                            handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::PluginError, &msg));
+                            return;
+                        }
+                    }
+                }
                 let history = tenant.settings().limits.history();
                 tenant.hub.subscribe(
                     &ch,
@@ -509,13 +573,17 @@ pub struct SseRequest {
 }
 
 /// Runs an SSE stream until it ends. The response head was already written.
-pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, slot: ConnectionSlot) {
+pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted: Admitted) {
+    let Admitted { slot, session } = admitted;
     let tenant = slot.tenant.clone();
     let settings = tenant.settings();
+    let audience = session.as_ref().and_then(|s| s.audience.as_deref()).map(Arc::from);
+    drop(session);
     let handle = SessionHandle::new(
         Wire::Sse,
         settings.limits.queue_bytes,
         settings.limits.slow_consumer,
+        audience,
     );
     let history = settings.limits.history();
     drop(settings);
@@ -632,7 +700,7 @@ mod tests {
         let stream = TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
-        let fut = run_ws(app.clone(), stream, Vec::new(), slot);
+        let fut = run_ws(app.clone(), stream, Vec::new(), Admitted { slot, session: None });
         let ws = std::mem::size_of_val(&fut);
         drop(fut);
         let slot = app.capacity.acquire(&tenant).unwrap();
@@ -643,7 +711,7 @@ mod tests {
             channels: vec!["a".into()],
             resume: None,
         };
-        let sse = std::mem::size_of_val(&run_sse(app.clone(), stream, req, slot));
+        let sse = std::mem::size_of_val(&run_sse(app.clone(), stream, req, Admitted { slot, session: None }));
         eprintln!("session futures: ws {ws} B, sse {sse} B");
         assert!(ws <= 1024, "websocket session future is {ws} bytes");
         assert!(sse <= 1024, "sse session future is {sse} bytes");
