@@ -145,7 +145,11 @@ impl App {
     /// Compiles (cached by sha256) and loads one stored plugin version for a
     /// tenant, under the tenant's current config and sandbox limits. The CPU
     /// work runs on a blocking thread.
-    pub async fn load_plugin(&self, tenant: &Tenant, version: i64) -> Result<Arc<ActivePlugin>, LoadError> {
+    pub async fn load_plugin(
+        &self,
+        tenant: &Tenant,
+        version: i64,
+    ) -> Result<Arc<ActivePlugin>, LoadError> {
         let bytes = self.registry.plugin_component(&tenant.id, version).await?;
         let settings = tenant.settings();
         let activation = Activation {
@@ -161,7 +165,11 @@ impl App {
             ActivePlugin::load(&runtime, &component, activation)
         })
         .await
-        .map_err(|e| LoadError::Plugin(PluginError::Instantiate(format!("loader thread failed: {e}"))))?
+        .map_err(|e| {
+            LoadError::Plugin(PluginError::Instantiate(format!(
+                "loader thread failed: {e}"
+            )))
+        })?
         .map_err(LoadError::Plugin)
     }
 
@@ -181,7 +189,9 @@ impl App {
                             Ok(p) => {
                                 tenant.set_plugin(Some(p));
                             }
-                            Err(e) => tracing::error!(tenant = %rec.id, version = v, error = %e, "active plugin failed to load; tenant runs without it"),
+                            Err(e) => {
+                                tracing::error!(tenant = %rec.id, version = v, error = %e, "active plugin failed to load; tenant runs without it")
+                            }
                         }
                     }
                     self.tenants.insert(tenant);

@@ -140,7 +140,10 @@ impl ServeArgs {
         if !(l.publish_rate > 0.0 && l.publish_rate.is_finite()) {
             return Err("--publish-rate must be a positive number".into());
         }
-        if !(1..=4096).contains(&l.plugin_memory_mib) || !(1..=10_000).contains(&l.plugin_deadline_ms) || !(1..=256).contains(&l.plugin_max_mib) {
+        if !(1..=4096).contains(&l.plugin_memory_mib)
+            || !(1..=10_000).contains(&l.plugin_deadline_ms)
+            || !(1..=256).contains(&l.plugin_max_mib)
+        {
             return Err("--plugin-memory-mib (1-4096), --plugin-deadline-ms (1-10000) and --plugin-max-mib (1-256) are out of range".into());
         }
         if self.heartbeat_secs == 0 {

@@ -45,12 +45,27 @@ fn group(outputs: Vec<OutMessage>) -> Vec<Message> {
     let mut out: Vec<(u32, Message)> = Vec::with_capacity(outputs.len());
     for o in outputs {
         let kind = kind_of(&o.payload);
-        let v = HeldVariant { audience: o.audience, payload: o.payload, kind };
+        let v = HeldVariant {
+            audience: o.audience,
+            payload: o.payload,
+            kind,
+        };
         match out.last_mut() {
-            Some((src, m)) if *src == o.source && m.channel == o.channel && !m.variants.iter().any(|x| x.audience == v.audience) => {
+            Some((src, m))
+                if *src == o.source
+                    && m.channel == o.channel
+                    && !m.variants.iter().any(|x| x.audience == v.audience) =>
+            {
                 m.variants.push(v)
             }
-            _ => out.push((o.source, Message { channel: o.channel, key: o.key, variants: vec![v] })),
+            _ => out.push((
+                o.source,
+                Message {
+                    channel: o.channel,
+                    key: o.key,
+                    variants: vec![v],
+                },
+            )),
         }
     }
     out.into_iter().map(|(_, m)| m).collect()
@@ -75,8 +90,15 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
             .filter_map(|r| {
                 Some(Message {
                     channel: r.channel?.to_string(),
-                    key: r.key.and_then(|k| std::str::from_utf8(k).ok()).map(str::to_string),
-                    variants: vec![HeldVariant { audience: None, payload: r.value.to_vec(), kind: kind_of(r.value) }],
+                    key: r
+                        .key
+                        .and_then(|k| std::str::from_utf8(k).ok())
+                        .map(str::to_string),
+                    variants: vec![HeldVariant {
+                        audience: None,
+                        payload: r.value.to_vec(),
+                        kind: kind_of(r.value),
+                    }],
                 })
             })
             .collect(),
@@ -97,7 +119,12 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
                 }
             };
             let conflator = held.get_or_insert_with(|| tenant.conflator.lock());
-            let msg = Held { channel: m.channel, key, variants: m.variants, count: 1 };
+            let msg = Held {
+                channel: m.channel,
+                key,
+                variants: m.variants,
+                count: 1,
+            };
             let channel = msg.channel.clone();
             let (offer, back) = conflator.offer(msg, |key, older, newer| match merge {
                 Some(p) => match p.merge(key, &older.payload, &newer.payload, max) {
@@ -115,31 +142,56 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
                 Offer::Held => {}
                 Offer::Full => {
                     let h = back.expect("a full conflator hands the message back");
-                    now_publish.push(Message { channel: h.channel, key: Some(h.key), variants: h.variants });
+                    now_publish.push(Message {
+                        channel: h.channel,
+                        key: Some(h.key),
+                        variants: h.variants,
+                    });
                     continue;
                 }
             }
-            outcomes.push(Outcome { channel, seq: None, delivered: 0 });
+            outcomes.push(Outcome {
+                channel,
+                seq: None,
+                delivered: 0,
+            });
         }
     }
     for m in now_publish {
         let (seq, delivered) = publish(tenant, &m.channel, m.key.as_deref(), &m.variants, now);
-        outcomes.push(Outcome { channel: m.channel, seq: Some(seq), delivered });
+        outcomes.push(Outcome {
+            channel: m.channel,
+            seq: Some(seq),
+            delivered,
+        });
     }
     Ok(outcomes)
 }
 
-fn publish(tenant: &Tenant, channel: &str, key: Option<&str>, variants: &[HeldVariant], now: u64) -> (u64, usize) {
+fn publish(
+    tenant: &Tenant,
+    channel: &str,
+    key: Option<&str>,
+    variants: &[HeldVariant],
+    now: u64,
+) -> (u64, usize) {
     let v: Vec<Variant<'_>> = variants
         .iter()
-        .map(|h| Variant { payload: &h.payload, kind: h.kind, audience: h.audience.as_deref() })
+        .map(|h| Variant {
+            payload: &h.payload,
+            kind: h.kind,
+            audience: h.audience.as_deref(),
+        })
         .collect();
     let history = tenant.settings().limits.history();
     let (seq, report) = tenant.hub.publish_variants(channel, key, &v, history, now);
     tenant.metrics.published.increment(1);
     tenant.metrics.conflated.increment(report.conflated as u64);
     tenant.metrics.dropped.increment(report.dropped as u64);
-    tenant.metrics.disconnected.increment(report.disconnected as u64);
+    tenant
+        .metrics
+        .disconnected
+        .increment(report.disconnected as u64);
     (seq, report.delivered)
 }
 

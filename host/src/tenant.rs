@@ -10,9 +10,9 @@
 use crate::fanout::conflate::{ConflationSettings, Conflator};
 use crate::fanout::queue::SlowConsumer;
 use crate::fanout::{HistoryLimits, Hub};
+use crate::metrics::TenantMetrics;
 use crate::plugin::active::ActivePlugin;
 use crate::plugin::SandboxLimits;
-use crate::metrics::TenantMetrics;
 use crate::ratelimit::TokenBucket;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
@@ -120,8 +120,12 @@ impl LimitOverrides {
             publish_burst: self.publish_burst.unwrap_or(defaults.publish_burst),
             history_size: self.history_size.unwrap_or(defaults.history_size),
             history_ttl_ms: self.history_ttl_ms.unwrap_or(defaults.history_ttl_ms),
-            plugin_memory_bytes: self.plugin_memory_bytes.unwrap_or(defaults.plugin_memory_bytes),
-            plugin_deadline_ms: self.plugin_deadline_ms.unwrap_or(defaults.plugin_deadline_ms),
+            plugin_memory_bytes: self
+                .plugin_memory_bytes
+                .unwrap_or(defaults.plugin_memory_bytes),
+            plugin_deadline_ms: self
+                .plugin_deadline_ms
+                .unwrap_or(defaults.plugin_deadline_ms),
             plugin_max_bytes: self.plugin_max_bytes.unwrap_or(defaults.plugin_max_bytes),
         };
         if l.max_message_bytes < 64 {

@@ -182,7 +182,8 @@ async fn update(
     let tenant = match app.tenants.get(&id) {
         Some(t) => {
             let old = t.settings();
-            let reload = old.config != settings.config || old.limits.sandbox() != settings.limits.sandbox();
+            let reload =
+                old.config != settings.config || old.limits.sandbox() != settings.limits.sandbox();
             t.update(settings, &app.shutdown);
             // The plugin reads its config and runs under the sandbox limits
             // given at load: reload the active version with the new ones.
@@ -191,7 +192,9 @@ async fn update(
                     Ok(fresh) => {
                         t.set_plugin(Some(fresh));
                     }
-                    Err(e) => tracing::error!(tenant = %id, version = p.version, error = %e, "reloading the plugin with the new config failed; the previous load stays active"),
+                    Err(e) => {
+                        tracing::error!(tenant = %id, version = p.version, error = %e, "reloading the plugin with the new config failed; the previous load stays active")
+                    }
                 }
             }
             t

@@ -123,8 +123,9 @@ async fn require_admin(State(app): State<Arc<App>>, req: Request, next: Next) ->
 }
 
 pub fn router(app: Arc<App>) -> Router {
-    let admin =
-        admin::routes().merge(plugins::routes()).route_layer(middleware::from_fn_with_state(app.clone(), require_admin));
+    let admin = admin::routes()
+        .merge(plugins::routes())
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_admin));
     Router::new()
         .nest("/admin/v1", admin)
         .merge(publish::routes())

@@ -24,9 +24,14 @@ pub(super) fn routes() -> Router<Arc<App>> {
     Router::new()
         .route(
             "/tenants/{tenant}/plugins",
-            get(list).post(upload).layer(DefaultBodyLimit::max(256 << 20)),
+            get(list)
+                .post(upload)
+                .layer(DefaultBodyLimit::max(256 << 20)),
         )
-        .route("/tenants/{tenant}/plugins/{version}/activate", post(activate))
+        .route(
+            "/tenants/{tenant}/plugins/{version}/activate",
+            post(activate),
+        )
 }
 
 fn plugin_error(e: PluginError) -> ApiError {
@@ -42,11 +47,20 @@ impl From<LoadError> for ApiError {
     }
 }
 
-async fn upload(State(app): State<Arc<App>>, Path(id): Path<String>, body: Bytes) -> Result<Response, ApiError> {
-    let tenant = app.tenants.get(&id).ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
+async fn upload(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let tenant = app
+        .tenants
+        .get(&id)
+        .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
     let settings = tenant.settings();
     if body.is_empty() {
-        return Err(ApiError::BadRequest("body must be the component's bytes".into()));
+        return Err(ApiError::BadRequest(
+            "body must be the component's bytes".into(),
+        ));
     }
     if body.len() > settings.limits.plugin_max_bytes {
         return Err(ApiError::BadRequest(format!(
@@ -95,7 +109,10 @@ async fn upload(State(app): State<Arc<App>>, Path(id): Path<String>, body: Bytes
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-async fn list(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn list(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     let tenant = app.registry.get_tenant(&id).await?;
     let versions: Vec<Value> = app
         .registry
@@ -115,18 +132,25 @@ async fn list(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Jso
             })
         })
         .collect();
-    Ok(Json(json!({ "active": tenant.active_plugin, "versions": versions })))
+    Ok(Json(
+        json!({ "active": tenant.active_plugin, "versions": versions }),
+    ))
 }
 
 async fn activate(
     State(app): State<Arc<App>>,
     Path((id, version)): Path<(String, i64)>,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = app.tenants.get(&id).ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
+    let tenant = app
+        .tenants
+        .get(&id)
+        .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
     let loaded = app.load_plugin(&tenant, version).await?;
     app.registry.set_active_plugin(&id, Some(version)).await?;
     let info = loaded.info.clone();
     let previous = tenant.set_plugin(Some(loaded)).map(|p| p.version);
     tracing::info!(tenant = %id, version, ?previous, "plugin version activated");
-    Ok(Json(json!({ "active": version, "previous": previous, "name": info.name, "hooks": info.hooks })))
+    Ok(Json(
+        json!({ "active": version, "previous": previous, "name": info.name, "hooks": info.hooks }),
+    ))
 }

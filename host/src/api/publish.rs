@@ -6,6 +6,7 @@
 use super::{bearer, ApiError};
 use crate::app::App;
 use crate::ingest;
+use crate::plugin::active::ActivePlugin;
 use crate::plugin::batch::SourceRecord;
 use crate::proto;
 use crate::registry::now_ms;
@@ -113,18 +114,33 @@ async fn publish(
         return Err(ApiError::RateLimited(wait));
     }
     let now = now_ms() as u64;
-    let records: Vec<SourceRecord<'_>> = items
-        .iter()
-        .map(|i| SourceRecord {
-            timestamp_ms: now,
-            position: 0,
-            key: i.key.as_deref().map(str::as_bytes),
-            value: i.data.get().as_bytes(),
-            channel: Some(&i.ch),
-            headers: &[],
-        })
-        .collect();
-    let outcomes = ingest::ingest(&tenant, &records).map_err(|e| ApiError::TransformFailed(e.kind(), e.to_string()))?;
+    let run = {
+        let tenant = tenant.clone();
+        move || {
+            let records: Vec<SourceRecord<'_>> = items
+                .iter()
+                .map(|i| SourceRecord {
+                    timestamp_ms: now,
+                    position: 0,
+                    key: i.key.as_deref().map(str::as_bytes),
+                    value: i.data.get().as_bytes(),
+                    channel: Some(&i.ch),
+                    headers: &[],
+                })
+                .collect();
+            ingest::ingest(&tenant, &records)
+        }
+    };
+    // Plugin calls leave the runtime's worker threads (see ActivePlugin::off_runtime).
+    let outcomes = if tenant
+        .plugin()
+        .is_some_and(|p| p.info.hooks.transform || p.info.hooks.merge)
+    {
+        ActivePlugin::off_runtime(run).await
+    } else {
+        run()
+    }
+    .map_err(|e| ApiError::TransformFailed(e.kind(), e.to_string()))?;
     let mut results: Vec<serde_json::Value> = outcomes
         .iter()
         .map(|o| match o.seq {

@@ -134,7 +134,11 @@ mod tests {
         Held {
             channel: "ticks".into(),
             key: sym.into(),
-            variants: vec![HeldVariant { audience: None, payload: px.to_string().into_bytes(), kind: PayloadKind::Json }],
+            variants: vec![HeldVariant {
+                audience: None,
+                payload: px.to_string().into_bytes(),
+                kind: PayloadKind::Json,
+            }],
             count: 1,
         }
     }
@@ -165,7 +169,10 @@ mod tests {
         let mut sum = |_k: &str, o: &HeldVariant, n: HeldVariant| {
             let a: u32 = std::str::from_utf8(&o.payload).unwrap().parse().unwrap();
             let b: u32 = std::str::from_utf8(&n.payload).unwrap().parse().unwrap();
-            HeldVariant { payload: (a + b).to_string().into_bytes(), ..n }
+            HeldVariant {
+                payload: (a + b).to_string().into_bytes(),
+                ..n
+            }
         };
         for i in 1..=4 {
             c.offer(tick("A", i), &mut sum);
@@ -175,11 +182,23 @@ mod tests {
 
     #[test]
     fn window_rules() {
-        let s = ConflationSettings { window_ms: 100, channels: vec!["ticks.*".into(), "exact".into()] };
+        let s = ConflationSettings {
+            window_ms: 100,
+            channels: vec!["ticks.*".into(), "exact".into()],
+        };
         assert!(s.applies_to("ticks.AAPL") && s.applies_to("exact"));
         assert!(!s.applies_to("exactly") && !s.applies_to("news"));
-        assert!(ConflationSettings { window_ms: 100, channels: vec![] }.applies_to("any"));
+        assert!(ConflationSettings {
+            window_ms: 100,
+            channels: vec![]
+        }
+        .applies_to("any"));
         assert!(!ConflationSettings::default().applies_to("any"));
-        assert!(ConflationSettings { window_ms: 600_000, channels: vec![] }.validate().is_err());
+        assert!(ConflationSettings {
+            window_ms: 600_000,
+            channels: vec![]
+        }
+        .validate()
+        .is_err());
     }
 }

@@ -203,8 +203,17 @@ impl Hub {
 
     /// Assigns the next position, records history, and queues the frame for
     /// every subscriber. Never waits on a socket.
-    pub fn publish(&self, msg: Outgoing<'_>, limits: HistoryLimits, now_ms: u64) -> (u64, PublishReport) {
-        let v = [Variant { payload: msg.payload, kind: msg.kind, audience: None }];
+    pub fn publish(
+        &self,
+        msg: Outgoing<'_>,
+        limits: HistoryLimits,
+        now_ms: u64,
+    ) -> (u64, PublishReport) {
+        let v = [Variant {
+            payload: msg.payload,
+            kind: msg.kind,
+            audience: None,
+        }];
         self.publish_variants(msg.ch, msg.key, &v, limits, now_ms)
     }
 
@@ -242,7 +251,9 @@ impl Hub {
             .collect();
         let mut report = PublishReport::default();
         c.subscribers.retain(|s| {
-            let Some(p) = pick(&encoded, s.audience()) else { return true };
+            let Some(p) = pick(&encoded, s.audience()) else {
+                return true;
+            };
             let d = s.deliver_msg(p);
             report.add(d);
             !matches!(d, Delivery::Disconnected | Delivery::Closed)
@@ -362,15 +373,33 @@ mod tests {
     #[test]
     fn audiences_get_their_variant_under_one_position() {
         let hub = Hub::default();
-        let pro = SessionHandle::new(Wire::Ws, 1 << 20, SlowConsumer::DropOldest, Some("pro".into()));
-        let basic = SessionHandle::new(Wire::Ws, 1 << 20, SlowConsumer::DropOldest, Some("basic".into()));
+        let pro = SessionHandle::new(
+            Wire::Ws,
+            1 << 20,
+            SlowConsumer::DropOldest,
+            Some("pro".into()),
+        );
+        let basic = SessionHandle::new(
+            Wire::Ws,
+            1 << 20,
+            SlowConsumer::DropOldest,
+            Some("basic".into()),
+        );
         let anon = session();
         for s in [&pro, &basic, &anon] {
             hub.subscribe("c", s, None, LIMITS, 0, |_, _| {});
         }
         let v = [
-            Variant { payload: b"{\"full\":1}", kind: PayloadKind::Json, audience: Some("pro") },
-            Variant { payload: b"{}", kind: PayloadKind::Json, audience: Some("basic") },
+            Variant {
+                payload: b"{\"full\":1}",
+                kind: PayloadKind::Json,
+                audience: Some("pro"),
+            },
+            Variant {
+                payload: b"{}",
+                kind: PayloadKind::Json,
+                audience: Some("basic"),
+            },
         ];
         let (seq, r) = hub.publish_variants("c", None, &v, LIMITS, 0);
         assert_eq!((seq, r.delivered), (1, 2));
@@ -380,11 +409,18 @@ mod tests {
         assert!(got(&anon).is_empty());
         // Replay gives each audience its own variant too.
         hub.publish_variants("c", None, &v, LIMITS, 0);
-        let late = SessionHandle::new(Wire::Ws, 1 << 20, SlowConsumer::DropOldest, Some("basic".into()));
+        let late = SessionHandle::new(
+            Wire::Ws,
+            1 << 20,
+            SlowConsumer::DropOldest,
+            Some("basic".into()),
+        );
         let r = hub.subscribe("c", &late, Some((0, None)), LIMITS, 0, |_, _| {});
         assert_eq!(r.replayed, 2);
         let items = late.take_queued();
-        assert!(items.iter().all(|i| matches!(i, Item::Msg(m) if m.audience.as_deref() == Some("basic"))));
+        assert!(items
+            .iter()
+            .all(|i| matches!(i, Item::Msg(m) if m.audience.as_deref() == Some("basic"))));
     }
 
     fn drained(s: &SessionHandle) -> Vec<String> {

@@ -9,8 +9,8 @@
 
 use super::batch::{self, OutMessage, SourceRecord};
 use super::{
-    classify, deadline_ticks, ConnectRequest, Denial, Plugin, PluginError, PluginInfo, PluginPre, Runtime,
-    SandboxLimits, Session, StoreState, LOGS_PER_CALL,
+    classify, deadline_ticks, ConnectRequest, Denial, Plugin, PluginError, PluginInfo, PluginPre,
+    Runtime, SandboxLimits, Session, StoreState, LOGS_PER_CALL,
 };
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -57,7 +57,11 @@ impl ActivePlugin {
         let mut active = ActivePlugin {
             version: a.version,
             sha256: a.sha256,
-            info: PluginInfo { name: String::new(), version: String::new(), hooks: Default::default() },
+            info: PluginInfo {
+                name: String::new(),
+                version: String::new(),
+                hooks: Default::default(),
+            },
             runtime: runtime.clone(),
             pre,
             limits: a.limits,
@@ -66,7 +70,11 @@ impl ActivePlugin {
             pool: Mutex::new(Vec::new()),
         };
         let info = active.call(|store, p| p.herald_plugin_guest().call_describe(store))?;
-        active.info = PluginInfo { name: info.name, version: info.version, hooks: info.hooks.into() };
+        active.info = PluginInfo {
+            name: info.name,
+            version: info.version,
+            hooks: info.hooks.into(),
+        };
         Ok(Arc::new(active))
     }
 
@@ -113,16 +121,30 @@ impl ActivePlugin {
 
     /// `authorize-connect`; a failure of the plugin itself is an error, a
     /// refusal is `Ok(Err(denial))`.
-    pub fn authorize_connect(&self, req: &ConnectRequest) -> Result<Result<Session, Denial>, PluginError> {
+    pub fn authorize_connect(
+        &self,
+        req: &ConnectRequest,
+    ) -> Result<Result<Session, Denial>, PluginError> {
         self.call(|s, p| p.herald_plugin_guest().call_authorize_connect(s, req))
     }
 
-    pub fn authorize_subscribe(&self, session: &Session, channel: &str) -> Result<Result<(), Denial>, PluginError> {
-        self.call(|s, p| p.herald_plugin_guest().call_authorize_subscribe(s, session, channel))
+    pub fn authorize_subscribe(
+        &self,
+        session: &Session,
+        channel: &str,
+    ) -> Result<Result<(), Denial>, PluginError> {
+        self.call(|s, p| {
+            p.herald_plugin_guest()
+                .call_authorize_subscribe(s, session, channel)
+        })
     }
 
     /// One call for the whole batch; the output is checked against the contract.
-    pub fn transform(&self, records: &[SourceRecord<'_>], max_payload: usize) -> Result<Vec<OutMessage>, PluginError> {
+    pub fn transform(
+        &self,
+        records: &[SourceRecord<'_>],
+        max_payload: usize,
+    ) -> Result<Vec<OutMessage>, PluginError> {
         let (data, meta) = batch::encode_records(records);
         let b = super::herald::plugin::types::RecordBatch { data, meta };
         let out = self.call(|s, p| p.herald_plugin_guest().call_transform(s, &b))?;
@@ -130,10 +152,46 @@ impl ActivePlugin {
             .map_err(|e| PluginError::BadOutput(e.to_string()))
     }
 
-    pub fn merge(&self, key: &str, older: &[u8], newer: &[u8], max_payload: usize) -> Result<Vec<u8>, PluginError> {
+    /// Runs `f` on a blocking thread. WASI's synchronous stream calls (a
+    /// guest printing, e.g. its own panic message) block on a Tokio runtime
+    /// of their own, which is forbidden on a runtime worker thread; every hook
+    /// called from async code therefore runs here.
+    pub async fn off_runtime<R: Send + 'static>(
+        f: impl FnOnce() -> Result<R, PluginError> + Send + 'static,
+    ) -> Result<R, PluginError> {
+        tokio::task::spawn_blocking(f)
+            .await
+            .unwrap_or_else(|e| Err(PluginError::Trap(format!("plugin thread failed: {e}"))))
+    }
+
+    pub async fn authorize_connect_async(
+        self: Arc<Self>,
+        req: ConnectRequest,
+    ) -> Result<Result<Session, Denial>, PluginError> {
+        Self::off_runtime(move || self.authorize_connect(&req)).await
+    }
+
+    pub async fn authorize_subscribe_async(
+        self: Arc<Self>,
+        session: Arc<Session>,
+        channel: String,
+    ) -> Result<Result<(), Denial>, PluginError> {
+        Self::off_runtime(move || self.authorize_subscribe(&session, &channel)).await
+    }
+
+    pub fn merge(
+        &self,
+        key: &str,
+        older: &[u8],
+        newer: &[u8],
+        max_payload: usize,
+    ) -> Result<Vec<u8>, PluginError> {
         let out = self.call(|s, p| p.herald_plugin_guest().call_merge(s, key, older, newer))?;
         if out.len() > max_payload {
-            return Err(PluginError::BadOutput(format!("merge returned {} bytes, over {max_payload}", out.len())));
+            return Err(PluginError::BadOutput(format!(
+                "merge returned {} bytes, over {max_payload}",
+                out.len()
+            )));
         }
         Ok(out)
     }

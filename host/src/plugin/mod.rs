@@ -26,8 +26,8 @@ wasmtime::component::bindgen!({
     world: "plugin",
 });
 
-pub use herald::plugin::types::{ConnectRequest, Denial, Info, Session};
-use herald::plugin::types::{Hooks, Level};
+pub use self::herald::plugin::types::{ConnectRequest, Denial, Info, Session};
+use self::herald::plugin::types::{Hooks, Level};
 
 /// How often the epoch advances; call deadlines are counted in these ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(1);
@@ -78,7 +78,12 @@ struct Limiter {
 }
 
 impl ResourceLimiter for Limiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         if desired > self.max {
             self.hit = true;
             return Ok(false);
@@ -87,7 +92,12 @@ impl ResourceLimiter for Limiter {
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         Ok(desired <= 100_000)
     }
 }
@@ -105,16 +115,19 @@ pub struct StoreState {
 
 impl WasiView for StoreState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
 const LOGS_PER_CALL: u32 = 16;
 const LOG_LINE_MAX: usize = 1024;
 
-impl herald::plugin::types::Host for StoreState {}
+impl self::herald::plugin::types::Host for StoreState {}
 
-impl herald::plugin::host::Host for StoreState {
+impl self::herald::plugin::host::Host for StoreState {
     fn log(&mut self, level: Level, message: String) {
         if self.log_budget == 0 {
             return;
@@ -171,14 +184,20 @@ impl Runtime {
         Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         // The epoch clock: a thread that stops once the engine is gone.
         let weak = engine.weak();
-        std::thread::Builder::new().name("herald-epoch".into()).spawn(move || loop {
-            std::thread::sleep(EPOCH_TICK);
-            match weak.upgrade() {
-                Some(e) => e.increment_epoch(),
-                None => return,
-            }
-        })?;
-        Ok(Arc::new(Runtime { engine, linker, cache: Mutex::new(HashMap::new()) }))
+        std::thread::Builder::new()
+            .name("herald-epoch".into())
+            .spawn(move || loop {
+                std::thread::sleep(EPOCH_TICK);
+                match weak.upgrade() {
+                    Some(e) => e.increment_epoch(),
+                    None => return,
+                }
+            })?;
+        Ok(Arc::new(Runtime {
+            engine,
+            linker,
+            cache: Mutex::new(HashMap::new()),
+        }))
     }
 
     /// Compiles a component (CPU-heavy: call from a blocking thread), or
@@ -188,18 +207,30 @@ impl Runtime {
         if let Some(c) = self.cache.lock().get(&digest) {
             return Ok(c.clone());
         }
-        let c = Component::new(&self.engine, bytes).map_err(|e| PluginError::Compile(format!("{e:#}")))?;
+        let c = Component::new(&self.engine, bytes)
+            .map_err(|e| PluginError::Compile(format!("{e:#}")))?;
         self.cache.lock().insert(digest, c.clone());
         Ok(c)
     }
 
-    fn store(&self, tenant: &Arc<str>, config: &Arc<str>, limits: SandboxLimits) -> Store<StoreState> {
+    fn store(
+        &self,
+        tenant: &Arc<str>,
+        config: &Arc<str>,
+        limits: SandboxLimits,
+    ) -> Store<StoreState> {
         let mut wasi = WasiCtx::builder();
-        wasi.allow_ip_name_lookup(false).allow_tcp(false).allow_udp(false);
+        wasi.allow_ip_name_lookup(false)
+            .allow_tcp(false)
+            .allow_udp(false);
         let state = StoreState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limiter: Limiter { max: limits.memory_bytes, peak: 0, hit: false },
+            limiter: Limiter {
+                max: limits.memory_bytes,
+                peak: 0,
+                hit: false,
+            },
             tenant: tenant.clone(),
             config: config.clone(),
             log_budget: LOGS_PER_CALL,
@@ -211,7 +242,10 @@ impl Runtime {
 
     /// Links a compiled component once; instances are made from the result.
     pub fn prepare(&self, component: &Component) -> Result<PluginPre<StoreState>, PluginError> {
-        let pre = self.linker.instantiate_pre(component).map_err(|e| PluginError::Instantiate(format!("{e:#}")))?;
+        let pre = self
+            .linker
+            .instantiate_pre(component)
+            .map_err(|e| PluginError::Instantiate(format!("{e:#}")))?;
         PluginPre::new(pre).map_err(|e| PluginError::Instantiate(format!("{e:#}")))
     }
 }
@@ -229,7 +263,15 @@ fn classify(e: wasmtime::Error, state: &StoreState, limits: SandboxLimits) -> Pl
     if let Some(wasmtime::Trap::Interrupt) = e.downcast_ref::<wasmtime::Trap>() {
         return PluginError::Timeout(limits.deadline.as_millis() as u64);
     }
-    PluginError::Trap(format!("{e:#}").lines().next().unwrap_or("trap").chars().take(300).collect())
+    PluginError::Trap(
+        format!("{e:#}")
+            .lines()
+            .next()
+            .unwrap_or("trap")
+            .chars()
+            .take(300)
+            .collect(),
+    )
 }
 
 /// Hooks a plugin declared, as host-side booleans.

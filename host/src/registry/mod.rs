@@ -145,13 +145,15 @@ impl Registry {
 
     pub async fn list_tenants(&self) -> Result<Vec<TenantRecord>, RegistryError> {
         let rows = sqlx::query(&format!("SELECT {TENANT_COLUMNS} FROM tenants ORDER BY id"))
-        .fetch_all(&self.pool)
-        .await?;
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(Self::tenant_from_row).collect()
     }
 
     pub async fn get_tenant(&self, id: &str) -> Result<TenantRecord, RegistryError> {
-        let row = sqlx::query(&format!("SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1"))
+        let row = sqlx::query(&format!(
+            "SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1"
+        ))
         .bind(id)
         .fetch_optional(&self.pool)
         .await?
@@ -205,8 +207,14 @@ impl Registry {
 
     pub async fn delete_tenant(&self, id: &str) -> Result<(), RegistryError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("DELETE FROM plugins WHERE tenant_id = $1").bind(id).execute(&mut *tx).await?;
-        let r = sqlx::query("DELETE FROM tenants WHERE id = $1").bind(id).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM plugins WHERE tenant_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        let r = sqlx::query("DELETE FROM tenants WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
         if r.rows_affected() == 0 {
             return Err(RegistryError::NotFound(format!("tenant {id:?}")));
         }
@@ -215,16 +223,24 @@ impl Registry {
     }
 
     /// Stores a validated plugin version as the tenant's next version number.
-    pub async fn add_plugin(&self, p: &PluginRecord, component: &[u8]) -> Result<i64, RegistryError> {
+    pub async fn add_plugin(
+        &self,
+        p: &PluginRecord,
+        component: &[u8],
+    ) -> Result<i64, RegistryError> {
         let mut tx = self.pool.begin().await?;
-        let exists = sqlx::query("SELECT id FROM tenants WHERE id = $1").bind(&p.tenant_id).fetch_optional(&mut *tx).await?;
+        let exists = sqlx::query("SELECT id FROM tenants WHERE id = $1")
+            .bind(&p.tenant_id)
+            .fetch_optional(&mut *tx)
+            .await?;
         if exists.is_none() {
             return Err(RegistryError::NotFound(format!("tenant {:?}", p.tenant_id)));
         }
-        let row = sqlx::query("SELECT COALESCE(MAX(version), 0) AS v FROM plugins WHERE tenant_id = $1")
-            .bind(&p.tenant_id)
-            .fetch_one(&mut *tx)
-            .await?;
+        let row =
+            sqlx::query("SELECT COALESCE(MAX(version), 0) AS v FROM plugins WHERE tenant_id = $1")
+                .bind(&p.tenant_id)
+                .fetch_one(&mut *tx)
+                .await?;
         let version: i64 = row.try_get::<i64, _>("v")? + 1;
         sqlx::query(
             "INSERT INTO plugins (tenant_id, version, sha256, size_bytes, component, name, plugin_version, hooks, created_at) \
@@ -263,7 +279,8 @@ impl Registry {
                     size_bytes: r.try_get("size_bytes")?,
                     name: r.try_get("name")?,
                     plugin_version: r.try_get("plugin_version")?,
-                    hooks: serde_json::from_str(&hooks).map_err(|e| RegistryError::Corrupt(format!("plugins.hooks: {e}")))?,
+                    hooks: serde_json::from_str(&hooks)
+                        .map_err(|e| RegistryError::Corrupt(format!("plugins.hooks: {e}")))?,
                     created_at_ms: r.try_get("created_at")?,
                 })
             })
@@ -271,17 +288,30 @@ impl Registry {
     }
 
     /// The component bytes of one version.
-    pub async fn plugin_component(&self, tenant: &str, version: i64) -> Result<Vec<u8>, RegistryError> {
-        let row = sqlx::query("SELECT component FROM plugins WHERE tenant_id = $1 AND version = $2")
-            .bind(tenant)
-            .bind(version)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or_else(|| RegistryError::NotFound(format!("plugin version {version} of tenant {tenant:?}")))?;
+    pub async fn plugin_component(
+        &self,
+        tenant: &str,
+        version: i64,
+    ) -> Result<Vec<u8>, RegistryError> {
+        let row =
+            sqlx::query("SELECT component FROM plugins WHERE tenant_id = $1 AND version = $2")
+                .bind(tenant)
+                .bind(version)
+                .fetch_optional(&self.pool)
+                .await?
+                .ok_or_else(|| {
+                    RegistryError::NotFound(format!(
+                        "plugin version {version} of tenant {tenant:?}"
+                    ))
+                })?;
         Ok(row.try_get("component")?)
     }
 
-    pub async fn set_active_plugin(&self, tenant: &str, version: Option<i64>) -> Result<(), RegistryError> {
+    pub async fn set_active_plugin(
+        &self,
+        tenant: &str,
+        version: Option<i64>,
+    ) -> Result<(), RegistryError> {
         let r = sqlx::query("UPDATE tenants SET active_plugin = $1, updated_at = $2 WHERE id = $3")
             .bind(version)
             .bind(now_ms())

@@ -69,9 +69,18 @@ async fn exercise(reg: &Registry, prefix: &str) {
     assert_eq!(reg.list_plugins(&b.id).await.unwrap().len(), 2);
     reg.set_active_plugin(&b.id, Some(2)).await.unwrap();
     assert_eq!(reg.get_tenant(&b.id).await.unwrap().active_plugin, Some(2));
-    assert!(matches!(reg.plugin_component(&b.id, 9).await, Err(RegistryError::NotFound(_))));
-    let orphan = PluginRecord { tenant_id: format!("{prefix}none"), ..p.clone() };
-    assert!(matches!(reg.add_plugin(&orphan, &[1]).await, Err(RegistryError::NotFound(_))));
+    assert!(matches!(
+        reg.plugin_component(&b.id, 9).await,
+        Err(RegistryError::NotFound(_))
+    ));
+    let orphan = PluginRecord {
+        tenant_id: format!("{prefix}none"),
+        ..p.clone()
+    };
+    assert!(matches!(
+        reg.add_plugin(&orphan, &[1]).await,
+        Err(RegistryError::NotFound(_))
+    ));
     reg.delete_tenant(&b.id).await.unwrap();
     assert!(reg.list_plugins(&b.id).await.unwrap().is_empty());
 

@@ -181,22 +181,49 @@ fn credentials(head: &RequestHead, query: &[(String, String)]) -> Option<String>
             }
         }
     }
-    let cookie = head.headers.iter().filter(|(n, _)| n == "cookie").flat_map(|(_, v)| v.split(';')).find_map(|c| {
-        let (k, v) = c.trim().split_once('=')?;
-        (k == "herald_token").then(|| v.to_string())
-    });
-    cookie.or_else(|| query.iter().find(|(k, _)| k == "token").map(|(_, v)| v.clone()))
+    let cookie = head
+        .headers
+        .iter()
+        .filter(|(n, _)| n == "cookie")
+        .flat_map(|(_, v)| v.split(';'))
+        .find_map(|c| {
+            let (k, v) = c.trim().split_once('=')?;
+            (k == "herald_token").then(|| v.to_string())
+        });
+    cookie.or_else(|| {
+        query
+            .iter()
+            .find(|(k, _)| k == "token")
+            .map(|(_, v)| v.clone())
+    })
 }
 
 /// Headers a plugin may see; cookies and authorization stay with the host.
-const PLUGIN_HEADERS: &[&str] = &["origin", "user-agent", "referer", "x-forwarded-for", "x-real-ip", "accept-language"];
+const PLUGIN_HEADERS: &[&str] = &[
+    "origin",
+    "user-agent",
+    "referer",
+    "x-forwarded-for",
+    "x-real-ip",
+    "accept-language",
+];
 
-fn connect_request(tenant: &str, transport: &str, head: &RequestHead, peer: SocketAddr) -> plugin::ConnectRequest {
+fn connect_request(
+    tenant: &str,
+    transport: &str,
+    head: &RequestHead,
+    peer: SocketAddr,
+) -> plugin::ConnectRequest {
     let query = head.query_pairs();
     plugin::ConnectRequest {
         tenant: tenant.to_string(),
         transport: transport.to_string(),
-        headers: head.headers.iter().filter(|(n, _)| PLUGIN_HEADERS.contains(&n.as_str())).cloned().collect(),
+        headers: head
+            .headers
+            .iter()
+            .filter(|(n, _)| PLUGIN_HEADERS.contains(&n.as_str()))
+            .cloned()
+            .collect(),
         credentials: credentials(head, &query),
         query: query.into_iter().filter(|(k, _)| k != "token").collect(),
         remote_addr: peer.to_string(),
@@ -205,8 +232,16 @@ fn connect_request(tenant: &str, transport: &str, head: &RequestHead, peer: Sock
 
 /// A denial code from a plugin, made safe for a JSON body and a metric.
 fn denial_code(code: &str) -> String {
-    let c: String = code.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').take(48).collect();
-    if c.is_empty() { "denied".into() } else { c }
+    let c: String = code
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .take(48)
+        .collect();
+    if c.is_empty() {
+        "denied".into()
+    } else {
+        c
+    }
 }
 
 struct Refused {
@@ -234,7 +269,15 @@ async fn admit(
     head: &RequestHead,
     peer: SocketAddr,
 ) -> Option<Admitted> {
-    match check_admission(app, tenant_id, transport, head, peer) {
+    let result = match check_admission(app, tenant_id) {
+        Ok(Admission::Done(a)) => Ok(a),
+        Ok(Admission::Authorize(slot, plugin)) => {
+            let req = connect_request(tenant_id, transport, head, peer);
+            authorize_connect(slot, plugin, req).await
+        }
+        Err(r) => Err(r),
+    };
+    match result {
         Ok(a) => Some(a),
         Err(r) => {
             respond(stream, r.status, &r.extra, &r.body).await;
@@ -243,26 +286,38 @@ async fn admit(
     }
 }
 
-fn check_admission(
-    app: &Arc<App>,
-    tenant_id: &str,
-    transport: &str,
-    head: &RequestHead,
-    peer: SocketAddr,
-) -> Result<Admitted, Refused> {
+enum Admission {
+    Done(Admitted),
+    /// The slot is held; the plugin's authorize-connect decides.
+    Authorize(
+        crate::tenant::ConnectionSlot,
+        Arc<plugin::active::ActivePlugin>,
+    ),
+}
+
+fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused> {
     if !app.is_ready() {
         metrics::refused_global(Refusal::ShuttingDown.as_str());
-        return Err(busy(Refusal::ShuttingDown.as_str(), "server is shutting down; retry later"));
+        return Err(busy(
+            Refusal::ShuttingDown.as_str(),
+            "server is shutting down; retry later",
+        ));
     }
     if app.over_memory() {
         metrics::refused_global(Refusal::MemoryBudget.as_str());
-        return Err(busy(Refusal::MemoryBudget.as_str(), "server is over capacity; retry later"));
+        return Err(busy(
+            Refusal::MemoryBudget.as_str(),
+            "server is over capacity; retry later",
+        ));
     }
     let Some(t) = app.tenants.get(tenant_id) else {
         return Err(Refused {
             status: "404 Not Found",
             extra: vec![],
-            body: error_body("unknown_tenant", &format!("no tenant {:?}", truncate(tenant_id))),
+            body: error_body(
+                "unknown_tenant",
+                &format!("no tenant {:?}", truncate(tenant_id)),
+            ),
         });
     };
     let slot = app.capacity.acquire(&t).map_err(|r| {
@@ -270,21 +325,42 @@ fn check_admission(
         busy(r.as_str(), "server is over capacity; retry later")
     })?;
     if t.settings().access == Access::Public {
-        return Ok(Admitted { slot, session: None });
+        return Ok(Admission::Done(Admitted {
+            slot,
+            session: None,
+        }));
     }
     let Some(p) = t.plugin() else {
         t.metrics.refused("no_active_plugin");
         return Err(Refused {
             status: "403 Forbidden",
             extra: vec![],
-            body: error_body("no_active_plugin", "tenant access is \"plugin\" and no plugin is active; connections are refused"),
+            body: error_body(
+                "no_active_plugin",
+                "tenant access is \"plugin\" and no plugin is active; connections are refused",
+            ),
         });
     };
     if !p.info.hooks.authorize_connect {
-        return Ok(Admitted { slot, session: None });
+        return Ok(Admission::Done(Admitted {
+            slot,
+            session: None,
+        }));
     }
-    match p.authorize_connect(&connect_request(tenant_id, transport, head, peer)) {
-        Ok(Ok(session)) => Ok(Admitted { slot, session: Some(Arc::new(session)) }),
+    Ok(Admission::Authorize(slot, p))
+}
+
+async fn authorize_connect(
+    slot: crate::tenant::ConnectionSlot,
+    p: Arc<plugin::active::ActivePlugin>,
+    req: plugin::ConnectRequest,
+) -> Result<Admitted, Refused> {
+    let t = slot.tenant.clone();
+    match p.authorize_connect_async(req).await {
+        Ok(Ok(session)) => Ok(Admitted {
+            slot,
+            session: Some(Arc::new(session)),
+        }),
         Ok(Err(denial)) => {
             t.metrics.refused("denied");
             Err(Refused {
@@ -298,7 +374,10 @@ fn check_admission(
             t.metrics.refused("plugin_failed");
             t.metrics.plugin_failure("authorize_connect", e.kind());
             tracing::warn!(tenant = %t.id, kind = e.kind(), error = %e, "authorize-connect failed; connection refused");
-            Err(busy(&format!("plugin_{}", e.kind()), "the tenant's plugin failed to authorize this connection"))
+            Err(busy(
+                &format!("plugin_{}", e.kind()),
+                "the tenant's plugin failed to authorize this connection",
+            ))
         }
     }
 }
@@ -421,16 +500,19 @@ async fn server_sent_events(
         return;
     };
     for ch in &channels {
-        if let Err(refusal) = session::authorize_subscribe(&admitted.slot.tenant, admitted.session.as_deref(), ch) {
+        if let Err(refusal) =
+            session::authorize_subscribe(&admitted.slot.tenant, admitted.session.clone(), ch).await
+        {
             let r = match refusal {
                 session::SubRefusal::Denied(code, msg) => Refused {
                     status: "403 Forbidden",
                     extra: vec![],
                     body: error_body(&denial_code(&code), &msg),
                 },
-                session::SubRefusal::Failed(kind) => {
-                    busy(&format!("plugin_{kind}"), "the tenant's plugin failed to authorize this subscription")
-                }
+                session::SubRefusal::Failed(kind) => busy(
+                    &format!("plugin_{kind}"),
+                    "the tenant's plugin failed to authorize this subscription",
+                ),
             };
             respond(&mut stream, r.status, &r.extra, &r.body).await;
             return;

@@ -10,10 +10,11 @@
 use crate::app::App;
 use crate::fanout::queue::{Item, Wire};
 use crate::fanout::session::{QueueClose, SessionHandle};
+use crate::plugin::active::ActivePlugin;
+use crate::plugin::Session;
 use crate::proto::ws::{self, close, Assembler, FrameError, Message, Role};
 use crate::proto::{self, sse, ClientOp, ErrorCode};
 use crate::registry::now_ms;
-use crate::plugin::Session;
 use crate::server::Admitted;
 use crate::tenant::{Access, Tenant};
 use bytes::{Buf, Bytes, BytesMut};
@@ -22,6 +23,7 @@ use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 /// Most bytes read from one socket before yielding to other sessions.
@@ -150,35 +152,96 @@ pub enum SubRefusal {
     Failed(&'static str),
 }
 
-/// Asks the tenant's plugin whether `session` may subscribe to `channel`.
-/// Public tenants, and plugins without the hook, allow everything.
-pub fn authorize_subscribe(tenant: &Tenant, session: Option<&Session>, channel: &str) -> Result<(), SubRefusal> {
+/// What the host can say about a subscription before asking a plugin.
+enum SubCheck {
+    Allowed,
+    Refused(SubRefusal),
+    AskPlugin(Arc<ActivePlugin>),
+}
+
+/// Public tenants, and plugins without the hook, allow everything; a
+/// "plugin" tenant without an active plugin refuses.
+fn check_subscribe(tenant: &Tenant) -> SubCheck {
     if tenant.settings().access == Access::Public {
-        return Ok(());
+        return SubCheck::Allowed;
     }
-    let Some(p) = tenant.plugin() else {
-        return Err(SubRefusal::Denied("no_active_plugin".into(), "the tenant has no active plugin".into()));
-    };
-    if !p.info.hooks.authorize_subscribe {
-        return Ok(());
+    match tenant.plugin() {
+        None => SubCheck::Refused(SubRefusal::Denied(
+            "no_active_plugin".into(),
+            "the tenant has no active plugin".into(),
+        )),
+        Some(p) if !p.info.hooks.authorize_subscribe => SubCheck::Allowed,
+        Some(p) => SubCheck::AskPlugin(p),
     }
-    let anonymous;
-    let session = match session {
-        Some(s) => s,
-        None => {
-            anonymous = Session { subject: "anonymous".into(), audience: None, attributes: Vec::new() };
-            &anonymous
-        }
-    };
-    match p.authorize_subscribe(session, channel) {
+}
+
+async fn ask_plugin(
+    tenant: &Tenant,
+    p: Arc<ActivePlugin>,
+    session: Option<Arc<Session>>,
+    channel: &str,
+) -> Result<(), SubRefusal> {
+    let session = session.unwrap_or_else(|| {
+        Arc::new(Session {
+            subject: "anonymous".into(),
+            audience: None,
+            attributes: Vec::new(),
+        })
+    });
+    match p
+        .authorize_subscribe_async(session, channel.to_string())
+        .await
+    {
         Ok(Ok(())) => Ok(()),
         Ok(Err(d)) => Err(SubRefusal::Denied(d.code, d.message)),
         Err(e) => {
-            tenant.metrics.plugin_failure("authorize_subscribe", e.kind());
+            tenant
+                .metrics
+                .plugin_failure("authorize_subscribe", e.kind());
             tracing::warn!(tenant = %tenant.id, kind = e.kind(), error = %e, "authorize-subscribe failed; subscription refused");
             Err(SubRefusal::Failed(e.kind()))
         }
     }
+}
+
+/// Asks whether `session` may subscribe to `channel` (the tenant's plugin
+/// decides for "plugin" tenants).
+pub async fn authorize_subscribe(
+    tenant: &Tenant,
+    session: Option<Arc<Session>>,
+    channel: &str,
+) -> Result<(), SubRefusal> {
+    match check_subscribe(tenant) {
+        SubCheck::Allowed => Ok(()),
+        SubCheck::Refused(r) => Err(r),
+        SubCheck::AskPlugin(p) => ask_plugin(tenant, p, session, channel).await,
+    }
+}
+
+/// A subscription waiting for the plugin's answer; the reader stops
+/// decoding until it is settled, so frames keep their order.
+struct PendingSub {
+    ch: String,
+    since: Option<u64>,
+    epoch: Option<u64>,
+    id: Option<u64>,
+    plugin: Arc<ActivePlugin>,
+}
+
+/// Settles pending subscriptions one by one, decoding what followed each.
+async fn settle(
+    reader: &mut WsReader,
+    mut pending: Option<PendingSub>,
+    tenant: &Tenant,
+    handle: &Arc<SessionHandle>,
+    limits: &SessionLimits,
+) -> Result<(), End> {
+    while let Some(p) = pending.take() {
+        let verdict = ask_plugin(tenant, p.plugin.clone(), reader.session.clone(), &p.ch).await;
+        reader.complete_sub(p, verdict, tenant, handle);
+        pending = reader.resume(tenant, handle, limits)?;
+    }
+    Ok(())
 }
 
 /// Runs a WebSocket session until it ends. `early` holds bytes the client
@@ -191,7 +254,10 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
         max_subscriptions: settings.limits.max_subscriptions,
         max_message_bytes: settings.limits.max_message_bytes,
     };
-    let audience = session.as_ref().and_then(|s| s.audience.as_deref()).map(Arc::from);
+    let audience = session
+        .as_ref()
+        .and_then(|s| s.audience.as_deref())
+        .map(Arc::from);
     let handle = SessionHandle::new(
         Wire::Ws,
         settings.limits.queue_bytes,
@@ -214,11 +280,13 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
     let mut last_seen = Instant::now();
 
     // Bytes that arrived with the handshake are processed before waiting.
-    let mut end = if reader.partial.is_empty() {
-        None
-    } else {
-        let early = std::mem::take(&mut reader.partial);
-        reader.consume(early, &tenant, &handle, &limits).err()
+    let mut end = match reader.resume(&tenant, &handle, &limits) {
+        // Boxed: a plugin round trip is rare, and its state must not
+        // enlarge every idle session.
+        Ok(pending) => Box::pin(settle(&mut reader, pending, &tenant, &handle, &limits))
+            .await
+            .err(),
+        Err(e) => Some(e),
     };
 
     while end.is_none() {
@@ -226,13 +294,28 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
             biased;
             // The tenant's token is a child of the server's: one wait covers both.
             _ = cancel.cancelled() => end = Some(cancelled_end(&app)),
-            r = stream.readable() => {
-                if r.is_err() {
-                    end = Some(End::Io);
-                } else {
+            // One readiness wait for both directions keeps the idle session small.
+            r = stream.ready(interest(&out)) => {
+                let ready = match r {
+                    Ok(ready) => ready,
+                    Err(_) => {
+                        end = Some(End::Io);
+                        continue;
+                    }
+                };
+                if ready.is_writable() && !out.is_empty() {
+                    end = flush(&stream, &mut out, &tenant).err();
+                }
+                if end.is_none() && ready.is_readable() {
                     match reader.on_readable(&stream, &tenant, &handle, &limits) {
-                        Ok(true) => last_seen = Instant::now(),
-                        Ok(false) => {}
+                        Ok((got, pending)) => {
+                            if got {
+                                last_seen = Instant::now();
+                            }
+                            if pending.is_some() {
+                                end = Box::pin(settle(&mut reader, pending, &tenant, &handle, &limits)).await.err();
+                            }
+                        }
                         Err(e) => end = Some(e),
                     }
                 }
@@ -243,12 +326,6 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
                 } else {
                     end = load_and_flush(&stream, &handle, &mut out, &tenant, None).err();
                 }
-            }
-            r = stream.writable(), if !out.is_empty() => {
-                end = match r {
-                    Ok(()) => flush(&stream, &mut out, &tenant).err(),
-                    Err(_) => Some(End::Io),
-                };
             }
             _ = &mut hb => {
                 if last_seen.elapsed() > heartbeat * 2 + Duration::from_secs(5) {
@@ -294,6 +371,15 @@ async fn finish(mut stream: TcpStream, mut out: Outbox, last: Option<Bytes>) {
         stream.shutdown().await
     })
     .await;
+}
+
+/// Readable always; writable too while frames wait for socket space.
+fn interest(out: &Outbox) -> Interest {
+    if out.is_empty() {
+        Interest::READABLE
+    } else {
+        Interest::READABLE | Interest::WRITABLE
+    }
 }
 
 fn flush(stream: &TcpStream, out: &mut Outbox, tenant: &Tenant) -> Result<(), End> {
@@ -349,14 +435,15 @@ fn load_and_flush(
 
 impl WsReader {
     /// Reads what the socket has (bounded), decoding and acting on frames.
-    /// `Ok(true)` when any byte arrived.
+    /// Returns whether any byte arrived, and a subscription that waits for
+    /// the plugin (reading stops there until it is settled).
     fn on_readable(
         &mut self,
         stream: &TcpStream,
         tenant: &Tenant,
         handle: &Arc<SessionHandle>,
         limits: &SessionLimits,
-    ) -> Result<bool, End> {
+    ) -> Result<(bool, Option<PendingSub>), End> {
         let mut buf = [0u8; 4096];
         let mut total = 0;
         while total < READ_BUDGET {
@@ -364,19 +451,36 @@ impl WsReader {
                 Ok(0) => return Err(End::PeerClosed(None)),
                 Ok(n) => {
                     total += n;
-                    if self.partial.is_empty() {
-                        self.consume_slice(&mut buf[..n], tenant, handle, limits)?;
+                    let pending = if self.partial.is_empty() {
+                        self.consume_slice(&mut buf[..n], tenant, handle, limits)?
                     } else {
                         let mut joined = std::mem::take(&mut self.partial);
                         joined.extend_from_slice(&buf[..n]);
-                        self.consume(joined, tenant, handle, limits)?;
+                        self.consume(joined, tenant, handle, limits)?
+                    };
+                    if pending.is_some() {
+                        return Ok((true, pending));
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(_) => return Err(End::Io),
             }
         }
-        Ok(total > 0)
+        Ok((total > 0, None))
+    }
+
+    /// Decodes what is left in `partial` (after a settled subscription).
+    fn resume(
+        &mut self,
+        tenant: &Tenant,
+        handle: &Arc<SessionHandle>,
+        limits: &SessionLimits,
+    ) -> Result<Option<PendingSub>, End> {
+        if self.partial.is_empty() {
+            return Ok(None);
+        }
+        let data = std::mem::take(&mut self.partial);
+        self.consume(data, tenant, handle, limits)
     }
 
     fn consume(
@@ -385,14 +489,11 @@ impl WsReader {
         tenant: &Tenant,
         handle: &Arc<SessionHandle>,
         limits: &SessionLimits,
-    ) -> Result<(), End> {
-        let used = self.decode_all(&mut data, tenant, handle, limits)?;
+    ) -> Result<Option<PendingSub>, End> {
+        let (used, pending) = self.decode_all(&mut data, tenant, handle, limits)?;
         data.drain(..used);
-        self.partial = data;
-        if self.partial.is_empty() {
-            self.partial = Vec::new();
-        }
-        Ok(())
+        self.partial = if data.is_empty() { Vec::new() } else { data };
+        Ok(pending)
     }
 
     fn consume_slice(
@@ -401,22 +502,23 @@ impl WsReader {
         tenant: &Tenant,
         handle: &Arc<SessionHandle>,
         limits: &SessionLimits,
-    ) -> Result<(), End> {
-        let used = self.decode_all(data, tenant, handle, limits)?;
+    ) -> Result<Option<PendingSub>, End> {
+        let (used, pending) = self.decode_all(data, tenant, handle, limits)?;
         if used < data.len() {
             self.partial = data[used..].to_vec();
         }
-        Ok(())
+        Ok(pending)
     }
 
-    /// Decodes complete frames from the start of `data`; returns bytes used.
+    /// Decodes complete frames from the start of `data`; returns the bytes
+    /// used, stopping after a subscription that waits for the plugin.
     fn decode_all(
         &mut self,
         data: &mut [u8],
         tenant: &Tenant,
         handle: &Arc<SessionHandle>,
         limits: &SessionLimits,
-    ) -> Result<usize, End> {
+    ) -> Result<(usize, Option<PendingSub>), End> {
         let mut used = 0;
         loop {
             let head = match ws::decode_frame(
@@ -425,7 +527,7 @@ impl WsReader {
                 limits.max_message_bytes,
             ) {
                 Ok(Some(h)) => h,
-                Ok(None) => return Ok(used),
+                Ok(None) => return Ok((used, None)),
                 Err(e) => return Err(frame_error(e, tenant)),
             };
             let payload = &data[used + head.payload_start..used + head.frame_len()];
@@ -451,7 +553,11 @@ impl WsReader {
                         ),
                     );
                 }
-                Some(Message::Text(t)) => self.on_op(&t, tenant, handle, limits),
+                Some(Message::Text(t)) => {
+                    if let Some(p) = self.on_op(&t, tenant, handle, limits) {
+                        return Ok((used, Some(p)));
+                    }
+                }
             }
         }
     }
@@ -462,13 +568,13 @@ impl WsReader {
         tenant: &Tenant,
         handle: &Arc<SessionHandle>,
         limits: &SessionLimits,
-    ) {
+    ) -> Option<PendingSub> {
         let op = match proto::parse_client_op(text) {
             Ok(op) => op,
             Err(e) => {
                 tenant.metrics.client_error(e.code.as_str());
                 handle.deliver_ctrl("err", &proto::encode_err(e.id, e.code, &e.msg));
-                return;
+                return None;
             }
         };
         match op {
@@ -494,38 +600,24 @@ impl WsReader {
                         "err",
                         &proto::encode_err(id, ErrorCode::TooManySubscriptions, &msg),
                     );
-                    return;
+                    return None;
                 }
-                if !already {
-                    match authorize_subscribe(tenant, self.session.as_deref(), &ch) {
-                        Ok(()) => {}
-                        Err(SubRefusal::Denied(code, msg)) => {
-                            tenant.metrics.client_error(ErrorCode::Forbidden.as_str());
-                            let msg = format!("{code}: {msg}");
-                            handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::Forbidden, &msg));
-                            return;
-                        }
-                        Err(SubRefusal::Failed(kind)) => {
-                            let msg = format!("the tenant's plugin failed ({kind}); try again later");
-                            handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::PluginError, &msg));
-                            return;
-                        }
+                if already {
+                    self.subscribe(ch, since, epoch, id, tenant, handle);
+                    return None;
+                }
+                match check_subscribe(tenant) {
+                    SubCheck::Allowed => self.subscribe(ch, since, epoch, id, tenant, handle),
+                    SubCheck::Refused(r) => refuse_sub(r, id, tenant, handle),
+                    SubCheck::AskPlugin(plugin) => {
+                        return Some(PendingSub {
+                            ch,
+                            since,
+                            epoch,
+                            id,
+                            plugin,
+                        })
                     }
-                }
-                let history = tenant.settings().limits.history();
-                tenant.hub.subscribe(
-                    &ch,
-                    handle,
-                    since.map(|s| (s, epoch)),
-                    history,
-                    now_ms() as u64,
-                    |ep, head| {
-                        handle.deliver_ctrl("ack", &proto::encode_ack(id, Some((&ch, ep, head))));
-                    },
-                );
-                if !already {
-                    tenant.metrics.subscriptions.increment(1.0);
-                    self.subs.push(ch.into());
                 }
             }
             ClientOp::Unsub { ch, id } => match self.subs.iter().position(|c| **c == *ch) {
@@ -546,6 +638,61 @@ impl WsReader {
                     );
                 }
             },
+        }
+        None
+    }
+
+    fn complete_sub(
+        &mut self,
+        p: PendingSub,
+        verdict: Result<(), SubRefusal>,
+        tenant: &Tenant,
+        handle: &Arc<SessionHandle>,
+    ) {
+        match verdict {
+            Ok(()) => self.subscribe(p.ch, p.since, p.epoch, p.id, tenant, handle),
+            Err(r) => refuse_sub(r, p.id, tenant, handle),
+        }
+    }
+
+    /// Joins the channel (replaying history when resuming) and acknowledges.
+    fn subscribe(
+        &mut self,
+        ch: String,
+        since: Option<u64>,
+        epoch: Option<u64>,
+        id: Option<u64>,
+        tenant: &Tenant,
+        handle: &Arc<SessionHandle>,
+    ) {
+        let history = tenant.settings().limits.history();
+        tenant.hub.subscribe(
+            &ch,
+            handle,
+            since.map(|s| (s, epoch)),
+            history,
+            now_ms() as u64,
+            |ep, head| {
+                handle.deliver_ctrl("ack", &proto::encode_ack(id, Some((&ch, ep, head))));
+            },
+        );
+        if !self.subs.iter().any(|c| **c == *ch) {
+            tenant.metrics.subscriptions.increment(1.0);
+            self.subs.push(ch.into());
+        }
+    }
+}
+
+fn refuse_sub(r: SubRefusal, id: Option<u64>, tenant: &Tenant, handle: &SessionHandle) {
+    match r {
+        SubRefusal::Denied(code, msg) => {
+            tenant.metrics.client_error(ErrorCode::Forbidden.as_str());
+            let msg = format!("{code}: {msg}");
+            handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::Forbidden, &msg));
+        }
+        SubRefusal::Failed(kind) => {
+            let msg = format!("the tenant's plugin failed ({kind}); try again later");
+            handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::PluginError, &msg));
         }
     }
 }
@@ -577,7 +724,10 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
     let Admitted { slot, session } = admitted;
     let tenant = slot.tenant.clone();
     let settings = tenant.settings();
-    let audience = session.as_ref().and_then(|s| s.audience.as_deref()).map(Arc::from);
+    let audience = session
+        .as_ref()
+        .and_then(|s| s.audience.as_deref())
+        .map(Arc::from);
     drop(session);
     let handle = SessionHandle::new(
         Wire::Sse,
@@ -620,22 +770,22 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
         tokio::select! {
             biased;
             _ = cancel.cancelled() => end = Some(cancelled_end(&app)),
-            r = stream.readable() => end = match r {
-                Ok(()) => discard_input(&stream).err(),
-                Err(_) => Some(End::Io),
-            },
+            r = stream.ready(interest(&out)) => {
+                end = match r {
+                    Ok(ready) if ready.is_writable() && !out.is_empty() => flush(&stream, &mut out, &tenant).err(),
+                    Ok(_) => None,
+                    Err(_) => Some(End::Io),
+                };
+                if end.is_none() && r.is_ok_and(|ready| ready.is_readable()) {
+                    end = discard_input(&stream).err();
+                }
+            }
             _ = handle.woken(), if out.is_empty() => {
                 if let Some(reason) = handle.close_reason() {
                     end = Some(queue_end(reason, handle.policy().as_str()));
                 } else {
                     end = load_and_flush(&stream, &handle, &mut out, &tenant, Some(&mut state)).err();
                 }
-            }
-            r = stream.writable(), if !out.is_empty() => {
-                end = match r {
-                    Ok(()) => flush(&stream, &mut out, &tenant).err(),
-                    Err(_) => Some(End::Io),
-                };
             }
             _ = &mut hb => {
                 handle.deliver_raw(Bytes::from_static(sse::HEARTBEAT));
@@ -700,7 +850,15 @@ mod tests {
         let stream = TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
-        let fut = run_ws(app.clone(), stream, Vec::new(), Admitted { slot, session: None });
+        let fut = run_ws(
+            app.clone(),
+            stream,
+            Vec::new(),
+            Admitted {
+                slot,
+                session: None,
+            },
+        );
         let ws = std::mem::size_of_val(&fut);
         drop(fut);
         let slot = app.capacity.acquire(&tenant).unwrap();
@@ -711,7 +869,15 @@ mod tests {
             channels: vec!["a".into()],
             resume: None,
         };
-        let sse = std::mem::size_of_val(&run_sse(app.clone(), stream, req, Admitted { slot, session: None }));
+        let sse = std::mem::size_of_val(&run_sse(
+            app.clone(),
+            stream,
+            req,
+            Admitted {
+                slot,
+                session: None,
+            },
+        ));
         eprintln!("session futures: ws {ws} B, sse {sse} B");
         assert!(ws <= 1024, "websocket session future is {ws} bytes");
         assert!(sse <= 1024, "sse session future is {sse} bytes");
