@@ -181,7 +181,7 @@ impl App {
         for rec in rows {
             match settings_from_record(&rec, &self.config) {
                 Ok(s) => {
-                    let tenant = Tenant::new(&rec.id, s, &self.shutdown);
+                    let tenant = Tenant::new(&rec.id, s);
                     if let Some(v) = rec.active_plugin {
                         // A plugin that no longer loads leaves the tenant without
                         // one: "plugin" access then fails closed.
@@ -224,8 +224,7 @@ impl App {
         };
         self.registry.create_tenant(&rec).await?;
         let settings = settings_from_record(&rec, &self.config).map_err(RegistryError::Corrupt)?;
-        self.tenants
-            .insert(Tenant::new("demo", settings, &self.shutdown));
+        self.tenants.insert(Tenant::new("demo", settings));
         Ok(Some(key))
     }
 }

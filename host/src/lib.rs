@@ -152,6 +152,10 @@ pub async fn run(
     tracing::info!("shutting down: readiness off, closing sessions");
     app.set_ready(false);
     app.shutdown.cancel();
+    for t in app.tenants.all() {
+        t.sessions
+            .close_all(fanout::session::QueueClose::GoingAway, true);
+    }
     let _ = accept.await;
     app.tracker.close();
     let grace = app.config.shutdown_grace;

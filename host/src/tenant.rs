@@ -9,6 +9,7 @@
 
 use crate::fanout::conflate::{ConflationSettings, Conflator};
 use crate::fanout::queue::SlowConsumer;
+use crate::fanout::session::{QueueClose, SessionHandle};
 use crate::fanout::{HistoryLimits, Hub};
 use crate::metrics::TenantMetrics;
 use crate::plugin::active::ActivePlugin;
@@ -20,8 +21,8 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::Weak;
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
 /// Who may connect and subscribe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -171,9 +172,9 @@ pub struct Tenant {
     pub hub: Hub,
     connections: AtomicUsize,
     rate: Mutex<TokenBucket>,
-    /// Cancelled when the tenant is deleted or its access changes; sessions
-    /// close with 4000 then.
-    cancel: RwLock<CancellationToken>,
+    /// Every live session, so deletion, an access change or shutdown can
+    /// close them; no per-session waiter needed.
+    pub sessions: SessionRegistry,
     pub metrics: TenantMetrics,
     /// The active plugin version; swapped whole, so calls in flight finish on
     /// the version they started with.
@@ -189,7 +190,7 @@ pub fn key_digest(key: &str) -> [u8; 32] {
 }
 
 impl Tenant {
-    pub fn new(id: &str, settings: TenantSettings, parent: &CancellationToken) -> Arc<Tenant> {
+    pub fn new(id: &str, settings: TenantSettings) -> Arc<Tenant> {
         let rate = TokenBucket::new(
             settings.limits.publish_rate,
             settings.limits.publish_burst,
@@ -201,7 +202,7 @@ impl Tenant {
             hub: Hub::default(),
             connections: AtomicUsize::new(0),
             rate: Mutex::new(rate),
-            cancel: RwLock::new(parent.child_token()),
+            sessions: SessionRegistry::default(),
             metrics: TenantMetrics::new(id),
             plugin: RwLock::new(None),
             conflator: Mutex::new(Conflator::default()),
@@ -223,7 +224,7 @@ impl Tenant {
     }
 
     /// Installs new settings; closes every session when access changed.
-    pub fn update(&self, new: TenantSettings, parent: &CancellationToken) {
+    pub fn update(&self, new: TenantSettings) {
         let old = std::mem::replace(&mut *self.settings.write(), Arc::new(new.clone()));
         *self.rate.lock() = TokenBucket::new(
             new.limits.publish_rate,
@@ -231,18 +232,13 @@ impl Tenant {
             Instant::now(),
         );
         if old.access != new.access {
-            let fresh = parent.child_token();
-            std::mem::replace(&mut *self.cancel.write(), fresh).cancel();
+            self.sessions.close_all(QueueClose::TenantGone, false);
         }
     }
 
-    /// Closes every session of this tenant (deletion).
+    /// Closes every session of this tenant, now and later (deletion).
     pub fn shut(&self) {
-        self.cancel.read().cancel();
-    }
-
-    pub fn cancel_token(&self) -> CancellationToken {
-        self.cancel.read().clone()
+        self.sessions.close_all(QueueClose::TenantGone, true);
     }
 
     pub fn check_publish_key(&self, presented: &str) -> bool {
@@ -396,7 +392,7 @@ pub(crate) mod tests {
             publish_key_sha256: key_digest("k"),
             conflation: ConflationSettings::default(),
         };
-        Tenant::new(id, settings, &CancellationToken::new())
+        Tenant::new(id, settings)
     }
 
     #[test]
@@ -418,7 +414,6 @@ pub(crate) mod tests {
 
     #[test]
     fn slots_are_released_on_drop() {
-        let parent = CancellationToken::new();
         let mut limits = defaults();
         limits.max_connections = Some(1);
         let t = Tenant::new(
@@ -431,7 +426,6 @@ pub(crate) mod tests {
                 publish_key_sha256: key_digest("k"),
                 conflation: ConflationSettings::default(),
             },
-            &parent,
         );
         let cap = Capacity::new(2);
         let a = cap.acquire(&t).unwrap();
@@ -441,5 +435,49 @@ pub(crate) mod tests {
         assert_eq!((cap.current(), t.connections()), (0, 0));
         assert!(t.check_publish_key("k"));
         assert!(!t.check_publish_key("K"));
+    }
+}
+
+/// The live sessions of a tenant.
+#[derive(Default)]
+pub struct SessionRegistry {
+    inner: Mutex<(slab::Slab<Weak<SessionHandle>>, Option<QueueClose>)>,
+}
+
+impl SessionRegistry {
+    /// Registers a session; one registered after a final close is closed at once.
+    pub fn register(&self, h: &Arc<SessionHandle>) -> usize {
+        let mut g = self.inner.lock();
+        if let Some(reason) = g.1 {
+            h.close_with(reason);
+        }
+        g.0.insert(Arc::downgrade(h))
+    }
+
+    pub fn deregister(&self, key: usize) {
+        self.inner.lock().0.try_remove(key);
+    }
+
+    /// Closes every registered session with `reason`; `terminal` also closes
+    /// any session that registers later (tenant deleted, server stopping).
+    pub fn close_all(&self, reason: QueueClose, terminal: bool) {
+        let handles: Vec<Arc<SessionHandle>> = {
+            let mut g = self.inner.lock();
+            if terminal {
+                g.1 = Some(reason);
+            }
+            g.0.iter().filter_map(|(_, w)| w.upgrade()).collect()
+        };
+        for h in handles {
+            h.close_with(reason);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }

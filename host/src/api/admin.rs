@@ -115,7 +115,7 @@ async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, Ap
     };
     let settings = settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
     app.registry.create_tenant(&rec).await?;
-    let tenant = Tenant::new(&rec.id, settings, &app.shutdown);
+    let tenant = Tenant::new(&rec.id, settings);
     app.tenants.insert(tenant.clone());
     tracing::info!(tenant = %rec.id, access = %rec.access, "tenant created");
     let mut body = view(&rec, Some(&tenant));
@@ -184,7 +184,7 @@ async fn update(
             let old = t.settings();
             let reload =
                 old.config != settings.config || old.limits.sandbox() != settings.limits.sandbox();
-            t.update(settings, &app.shutdown);
+            t.update(settings);
             // The plugin reads its config and runs under the sandbox limits
             // given at load: reload the active version with the new ones.
             if let (true, Some(p)) = (reload, t.plugin()) {
@@ -200,7 +200,7 @@ async fn update(
             t
         }
         None => {
-            let t = Tenant::new(&id, settings, &app.shutdown);
+            let t = Tenant::new(&id, settings);
             app.tenants.insert(t.clone());
             t
         }
@@ -232,7 +232,7 @@ async fn rotate_key(
     let settings = settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
     app.registry.update_tenant(&rec).await?;
     if let Some(t) = app.tenants.get(&id) {
-        t.update(settings, &app.shutdown);
+        t.update(settings);
     }
     Ok(Json(json!({ "id": id, "publish_key": key })))
 }

@@ -106,17 +106,6 @@ impl End {
     }
 }
 
-fn cancelled_end(app: &App) -> End {
-    if app.shutdown.is_cancelled() {
-        End::Close(close::GOING_AWAY, "server shutting down".into())
-    } else {
-        End::Close(
-            close::TENANT_GONE,
-            "tenant removed or its access changed".into(),
-        )
-    }
-}
-
 fn queue_end(reason: QueueClose, policy: &str) -> End {
     match reason {
         QueueClose::SlowConsumer => End::Close(
@@ -124,6 +113,11 @@ fn queue_end(reason: QueueClose, policy: &str) -> End {
             format!("slow consumer: outbound queue full (policy {policy})"),
         ),
         QueueClose::Ended => End::Close(close::NORMAL, String::new()),
+        QueueClose::GoingAway => End::Close(close::GOING_AWAY, "server shutting down".into()),
+        QueueClose::TenantGone => End::Close(
+            close::TENANT_GONE,
+            "tenant removed or its access changed".into(),
+        ),
     }
 }
 
@@ -273,7 +267,9 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
         session,
     };
     let mut out = Outbox::default();
-    let cancel = tenant.cancel_token();
+    // Shutdown, deletion and access changes close the session through its
+    // handle: no waiter of its own, no lock per frame.
+    let registration = tenant.sessions.register(&handle);
     let heartbeat = app.config.heartbeat;
     let hb = tokio::time::sleep(heartbeat);
     tokio::pin!(hb);
@@ -293,7 +289,6 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
         tokio::select! {
             biased;
             // The tenant's token is a child of the server's: one wait covers both.
-            _ = cancel.cancelled() => end = Some(cancelled_end(&app)),
             // One readiness wait for both directions keeps the idle session small.
             r = stream.ready(interest(&out)) => {
                 let ready = match r {
@@ -304,7 +299,11 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
                     }
                 };
                 if ready.is_writable() && !out.is_empty() {
-                    end = flush(&stream, &mut out, &tenant).err();
+                    // Once the backlog is out, send what queued meanwhile: its
+                    // wake-up may already have been used.
+                    end = flush(&stream, &mut out, &tenant)
+                        .and_then(|()| if out.is_empty() { load_and_flush(&stream, &handle, &mut out, &tenant, None) } else { Ok(()) })
+                        .err();
                 }
                 if end.is_none() && ready.is_readable() {
                     match reader.on_readable(&stream, &tenant, &handle, &limits) {
@@ -320,10 +319,11 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
                     }
                 }
             }
-            _ = handle.woken(), if out.is_empty() => {
+            // Also while the socket is full: a close from outside must not wait for it.
+            _ = handle.woken() => {
                 if let Some(reason) = handle.close_reason() {
                     end = Some(queue_end(reason, handle.policy().as_str()));
-                } else {
+                } else if out.is_empty() {
                     end = load_and_flush(&stream, &handle, &mut out, &tenant, None).err();
                 }
             }
@@ -346,6 +346,7 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
         .subscriptions
         .decrement(reader.subs.len() as f64);
     handle.close();
+    tenant.sessions.deregister(registration);
     tenant.metrics.closed(end.label());
     tracing::debug!(tenant = %tenant.id, reason = end.label(), "websocket session ended");
     let frame = match &end {
@@ -403,6 +404,9 @@ fn load_and_flush(
         return Ok(());
     }
     tenant.metrics.frames_sent.increment(items.len() as u64);
+    if sse.is_none() && out.is_empty() {
+        return write_direct(stream, items, out, tenant);
+    }
     let mut ids = BytesMut::new();
     let mut id_ranges = Vec::new();
     for item in items {
@@ -431,6 +435,51 @@ fn load_and_flush(
         }
     }
     flush(stream, out, tenant)
+}
+
+/// Writes queued WebSocket frames straight from the shared buffers with one
+/// `writev`; only what the socket did not take is copied into the outbox.
+fn write_direct(
+    stream: &TcpStream,
+    items: VecDeque<Item>,
+    out: &mut Outbox,
+    tenant: &Tenant,
+) -> Result<(), End> {
+    fn bytes(i: &Item) -> &Bytes {
+        match i {
+            Item::Msg(m) => &m.ws,
+            Item::Ctrl(b) => b,
+        }
+    }
+    let mut slices = [IoSlice::new(&[]); MAX_IOV];
+    let n = items.len().min(MAX_IOV);
+    for (slot, it) in slices.iter_mut().zip(items.iter()) {
+        *slot = IoSlice::new(bytes(it));
+    }
+    let mut written = match stream.try_write_vectored(&slices[..n]) {
+        Ok(w) => {
+            tenant.metrics.writes.increment(1);
+            w
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+        Err(_) => return Err(End::Io),
+    };
+    for it in &items {
+        let b = bytes(it);
+        if written >= b.len() {
+            written -= b.len();
+            continue;
+        }
+        let mut rest = b.clone();
+        rest.advance(written);
+        written = 0;
+        out.bufs.push_back(rest);
+    }
+    if out.is_empty() {
+        Ok(())
+    } else {
+        flush(stream, out, tenant)
+    }
 }
 
 impl WsReader {
@@ -761,7 +810,9 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
         .subscriptions
         .increment(state.channels.len() as f64);
     let mut out = Outbox::default();
-    let cancel = tenant.cancel_token();
+    // Shutdown, deletion and access changes close the session through its
+    // handle: no waiter of its own, no lock per frame.
+    let registration = tenant.sessions.register(&handle);
     let heartbeat = app.config.heartbeat;
     let hb = tokio::time::sleep(heartbeat);
     tokio::pin!(hb);
@@ -769,10 +820,11 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
     while end.is_none() {
         tokio::select! {
             biased;
-            _ = cancel.cancelled() => end = Some(cancelled_end(&app)),
             r = stream.ready(interest(&out)) => {
                 end = match r {
-                    Ok(ready) if ready.is_writable() && !out.is_empty() => flush(&stream, &mut out, &tenant).err(),
+                    Ok(ready) if ready.is_writable() && !out.is_empty() => flush(&stream, &mut out, &tenant)
+                        .and_then(|()| if out.is_empty() { load_and_flush(&stream, &handle, &mut out, &tenant, Some(&mut state)) } else { Ok(()) })
+                        .err(),
                     Ok(_) => None,
                     Err(_) => Some(End::Io),
                 };
@@ -780,10 +832,11 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
                     end = discard_input(&stream).err();
                 }
             }
-            _ = handle.woken(), if out.is_empty() => {
+            // Also while the socket is full: a close from outside must not wait for it.
+            _ = handle.woken() => {
                 if let Some(reason) = handle.close_reason() {
                     end = Some(queue_end(reason, handle.policy().as_str()));
-                } else {
+                } else if out.is_empty() {
                     end = load_and_flush(&stream, &handle, &mut out, &tenant, Some(&mut state)).err();
                 }
             }
@@ -802,6 +855,7 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
         .subscriptions
         .decrement(state.channels.len() as f64);
     handle.close();
+    tenant.sessions.deregister(registration);
     tenant.metrics.closed(end.label());
     // An SSE stream ends by closing; a reason travels as a last event.
     let last = match &end {
