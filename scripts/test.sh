@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs Herald's whole test suite on a fresh machine: adds the wasm target,
 # starts a throwaway PostgreSQL cluster (initdb into a temp dir, as the
-# postgres user, stopped again on exit), then runs every workspace test with
-# the Postgres registry tests required rather than skipped.
+# postgres user, stopped again on exit), builds the plugin components, then
+# runs the SDK's and every workspace test with the Postgres registry tests
+# required rather than skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +40,12 @@ PG_STARTED=1
 runuser -u postgres -- "$PG_BIN/createdb" -h "$PG_DIR" -p "$PG_PORT" herald_test
 export HERALD_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:$PG_PORT/herald_test"
 export HERALD_REQUIRE_POSTGRES=1
+
+log "plugins (wasm32-wasip2 components the integration tests load)"
+./plugins/build.sh
+
+log "sdk unit tests"
+(cd sdk && cargo test --locked)
 
 log "cargo test"
 cargo test --workspace --locked

@@ -5,6 +5,9 @@
 //! accepts, dropped after every task it spawned has finished.
 
 use crate::config::Config;
+use crate::fanout::conflate::ConflationSettings;
+use crate::plugin::active::{Activation, ActivePlugin};
+use crate::plugin::{PluginError, Runtime};
 use crate::registry::{now_ms, Registry, RegistryError, TenantRecord};
 use crate::tenant::{
     key_digest, Access, Capacity, LimitOverrides, Tenant, TenantSettings, Tenants,
@@ -24,6 +27,7 @@ pub struct App {
     /// Cancelled when the server shuts down: sessions close with 1001.
     pub shutdown: CancellationToken,
     pub tracker: TaskTracker,
+    pub plugins: Arc<Runtime>,
     ready: AtomicBool,
     over_memory: AtomicBool,
     pub metrics: PrometheusHandle,
@@ -40,12 +44,16 @@ pub fn settings_from_record(rec: &TenantRecord, config: &Config) -> Result<Tenan
     let raw =
         hex_decode(&rec.publish_key_sha256).ok_or("publish key digest is not 64 hex digits")?;
     digest.copy_from_slice(&raw);
+    let conflation: ConflationSettings =
+        serde_json::from_value(rec.conflation.clone()).map_err(|e| format!("conflation: {e}"))?;
+    conflation.validate()?;
     Ok(TenantSettings {
         access,
         config: rec.config.clone(),
         overrides,
         limits,
         publish_key_sha256: digest,
+        conflation,
     })
 }
 
@@ -75,6 +83,7 @@ impl App {
         capacity: Arc<Capacity>,
         admin_token_sha256: [u8; 32],
         metrics: PrometheusHandle,
+        plugins: Arc<Runtime>,
     ) -> App {
         App {
             config,
@@ -84,6 +93,7 @@ impl App {
             admin_token_sha256,
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            plugins,
             ready: AtomicBool::new(false),
             over_memory: AtomicBool::new(false),
             metrics,
@@ -102,6 +112,7 @@ impl App {
             Capacity::new(100),
             [0; 32],
             crate::metrics::install(),
+            Runtime::new().expect("plugin runtime"),
         );
         Arc::new(app)
     }
@@ -131,6 +142,37 @@ impl App {
             == 0
     }
 
+    /// Compiles (cached by sha256) and loads one stored plugin version for a
+    /// tenant, under the tenant's current config and sandbox limits. The CPU
+    /// work runs on a blocking thread.
+    pub async fn load_plugin(
+        &self,
+        tenant: &Tenant,
+        version: i64,
+    ) -> Result<Arc<ActivePlugin>, LoadError> {
+        let bytes = self.registry.plugin_component(&tenant.id, version).await?;
+        let settings = tenant.settings();
+        let activation = Activation {
+            version,
+            sha256: crate::plugin::sha256_hex(&bytes),
+            tenant: tenant.id.clone(),
+            config: settings.config.to_string().into(),
+            limits: settings.limits.sandbox(),
+        };
+        let runtime = self.plugins.clone();
+        tokio::task::spawn_blocking(move || {
+            let component = runtime.compile(&bytes)?;
+            ActivePlugin::load(&runtime, &component, activation)
+        })
+        .await
+        .map_err(|e| {
+            LoadError::Plugin(PluginError::Instantiate(format!(
+                "loader thread failed: {e}"
+            )))
+        })?
+        .map_err(LoadError::Plugin)
+    }
+
     /// Loads every tenant from the registry. A row that cannot be used is
     /// logged and skipped rather than stopping the server.
     pub async fn load_tenants(&self) -> Result<usize, RegistryError> {
@@ -139,7 +181,20 @@ impl App {
         for rec in rows {
             match settings_from_record(&rec, &self.config) {
                 Ok(s) => {
-                    self.tenants.insert(Tenant::new(&rec.id, s, &self.shutdown));
+                    let tenant = Tenant::new(&rec.id, s);
+                    if let Some(v) = rec.active_plugin {
+                        // A plugin that no longer loads leaves the tenant without
+                        // one: "plugin" access then fails closed.
+                        match self.load_plugin(&tenant, v).await {
+                            Ok(p) => {
+                                tenant.set_plugin(Some(p));
+                            }
+                            Err(e) => {
+                                tracing::error!(tenant = %rec.id, version = v, error = %e, "active plugin failed to load; tenant runs without it")
+                            }
+                        }
+                    }
+                    self.tenants.insert(tenant);
                     n += 1;
                 }
                 Err(e) => {
@@ -164,11 +219,21 @@ impl App {
             publish_key_sha256: hex(&key_digest(&key)),
             created_at_ms: now_ms(),
             updated_at_ms: now_ms(),
+            active_plugin: None,
+            conflation: serde_json::json!({}),
         };
         self.registry.create_tenant(&rec).await?;
         let settings = settings_from_record(&rec, &self.config).map_err(RegistryError::Corrupt)?;
-        self.tenants
-            .insert(Tenant::new("demo", settings, &self.shutdown));
+        self.tenants.insert(Tenant::new("demo", settings));
         Ok(Some(key))
     }
+}
+
+/// Why a stored plugin could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Plugin(PluginError),
 }

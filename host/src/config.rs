@@ -96,6 +96,15 @@ pub struct LimitArgs {
     /// Age after which history is dropped, in seconds.
     #[arg(long, env = "HERALD_HISTORY_TTL_SECS", default_value_t = 300)]
     pub history_ttl_secs: u64,
+    /// Memory cap of each plugin instance, in MiB.
+    #[arg(long, env = "HERALD_PLUGIN_MEMORY_MIB", default_value_t = 64)]
+    pub plugin_memory_mib: usize,
+    /// CPU deadline of each plugin call, in milliseconds.
+    #[arg(long, env = "HERALD_PLUGIN_DEADLINE_MS", default_value_t = 100)]
+    pub plugin_deadline_ms: u64,
+    /// Largest plugin component accepted for upload, in MiB.
+    #[arg(long, env = "HERALD_PLUGIN_MAX_MIB", default_value_t = 32)]
+    pub plugin_max_mib: usize,
 }
 
 fn parse_policy(s: &str) -> Result<SlowConsumer, String> {
@@ -131,6 +140,12 @@ impl ServeArgs {
         if !(l.publish_rate > 0.0 && l.publish_rate.is_finite()) {
             return Err("--publish-rate must be a positive number".into());
         }
+        if !(1..=4096).contains(&l.plugin_memory_mib)
+            || !(1..=10_000).contains(&l.plugin_deadline_ms)
+            || !(1..=256).contains(&l.plugin_max_mib)
+        {
+            return Err("--plugin-memory-mib (1-4096), --plugin-deadline-ms (1-10000) and --plugin-max-mib (1-256) are out of range".into());
+        }
         if self.heartbeat_secs == 0 {
             return Err("--heartbeat-secs must be at least 1".into());
         }
@@ -161,6 +176,9 @@ impl ServeArgs {
                 publish_burst: l.publish_burst,
                 history_size: l.history_size,
                 history_ttl_ms: l.history_ttl_secs * 1000,
+                plugin_memory_bytes: l.plugin_memory_mib << 20,
+                plugin_deadline_ms: l.plugin_deadline_ms,
+                plugin_max_bytes: l.plugin_max_mib << 20,
             },
         })
     }

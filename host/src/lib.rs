@@ -8,7 +8,9 @@ pub mod api;
 pub mod app;
 pub mod config;
 pub mod fanout;
+pub mod ingest;
 pub mod metrics;
+pub mod plugin;
 pub mod proto;
 pub mod ratelimit;
 pub mod registry;
@@ -115,12 +117,14 @@ pub async fn run(
         None => fd_cap,
     };
     metrics::set_capacity(max);
+    let plugins = plugin::Runtime::new().context("starting the plugin runtime")?;
     let app = Arc::new(App::new(
         config,
         registry,
         Capacity::new(max),
         admin,
         metrics_handle,
+        plugins,
     ));
     let loaded = app.load_tenants().await.context("loading tenants")?;
     if app.config.demo_tenant {
@@ -138,6 +142,7 @@ pub async fn run(
     let watchers = tokio_util::task::TaskTracker::new();
     watchers.spawn(watch_memory(app.clone()));
     watchers.spawn(sweep_channels(app.clone()));
+    watchers.spawn(flush_conflation(app.clone()));
 
     let router = api::router(app.clone());
     app.set_ready(true);
@@ -147,6 +152,10 @@ pub async fn run(
     tracing::info!("shutting down: readiness off, closing sessions");
     app.set_ready(false);
     app.shutdown.cancel();
+    for t in app.tenants.all() {
+        t.sessions
+            .close_all(fanout::session::QueueClose::GoingAway, true);
+    }
     let _ = accept.await;
     app.tracker.close();
     let grace = app.config.shutdown_grace;
@@ -209,6 +218,36 @@ async fn sweep_channels(app: Arc<App>) {
         let now = now_ms() as u64;
         for t in app.tenants.all() {
             t.hub.sweep(t.settings().limits.history(), now);
+        }
+    }
+}
+
+/// Closes each tenant's conflation window on time: one timer for all tenants.
+async fn flush_conflation(app: Arc<App>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = app.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        for t in app.tenants.all() {
+            let window = t.settings().conflation.window_ms;
+            if window == 0 && t.conflator.lock().is_empty() {
+                continue;
+            }
+            let due = {
+                let mut last = t.last_flush.lock();
+                if last.elapsed() >= Duration::from_millis(window) {
+                    *last = std::time::Instant::now();
+                    true
+                } else {
+                    false
+                }
+            };
+            if due {
+                ingest::flush(&t);
+            }
         }
     }
 }

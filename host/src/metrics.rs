@@ -39,6 +39,8 @@ pub struct TenantMetrics {
     pub conflated: Counter,
     pub dropped: Counter,
     pub disconnected: Counter,
+    /// Messages absorbed by a conflation window (replaced or merged).
+    pub window_conflated: Counter,
     tenant: String,
 }
 
@@ -57,6 +59,7 @@ impl TenantMetrics {
             conflated: slow("conflated"),
             dropped: slow("dropped"),
             disconnected: slow("disconnected"),
+            window_conflated: counter!("herald_window_conflated_total", "tenant" => t.clone()),
             tenant: t,
         }
     }
@@ -72,6 +75,15 @@ impl TenantMetrics {
 
     pub fn publish_rejected(&self, reason: &'static str) {
         counter!("herald_publish_rejected_total", "tenant" => self.tenant.clone(), "reason" => reason).increment(1);
+    }
+
+    /// Records that a plugin failure dropped `n` records (or a connect/subscribe).
+    pub fn dead_letter(&self, kind: &'static str, n: u64) {
+        counter!("herald_plugin_dead_letters_total", "tenant" => self.tenant.clone(), "kind" => kind).increment(n);
+    }
+
+    pub fn plugin_failure(&self, hook: &'static str, kind: &'static str) {
+        counter!("herald_plugin_failures_total", "tenant" => self.tenant.clone(), "hook" => hook, "kind" => kind).increment(1);
     }
 
     pub fn closed(&self, reason: &'static str) {

@@ -7,9 +7,13 @@
 //! slots are RAII guards, so a count cannot leak when a session ends by any
 //! path. Must never block on the registry while holding a lock.
 
+use crate::fanout::conflate::{ConflationSettings, Conflator};
 use crate::fanout::queue::SlowConsumer;
+use crate::fanout::session::{QueueClose, SessionHandle};
 use crate::fanout::{HistoryLimits, Hub};
 use crate::metrics::TenantMetrics;
+use crate::plugin::active::ActivePlugin;
+use crate::plugin::SandboxLimits;
 use crate::ratelimit::TokenBucket;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
@@ -17,8 +21,8 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::Weak;
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
 /// Who may connect and subscribe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -52,6 +56,9 @@ pub struct TenantLimits {
     pub publish_burst: u32,
     pub history_size: usize,
     pub history_ttl_ms: u64,
+    pub plugin_memory_bytes: usize,
+    pub plugin_deadline_ms: u64,
+    pub plugin_max_bytes: usize,
 }
 
 impl TenantLimits {
@@ -59,6 +66,13 @@ impl TenantLimits {
         HistoryLimits {
             max_messages: self.history_size,
             max_age_ms: self.history_ttl_ms,
+        }
+    }
+
+    pub fn sandbox(&self) -> SandboxLimits {
+        SandboxLimits {
+            memory_bytes: self.plugin_memory_bytes,
+            deadline: Duration::from_millis(self.plugin_deadline_ms),
         }
     }
 }
@@ -86,6 +100,12 @@ pub struct LimitOverrides {
     pub history_size: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history_ttl_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_memory_bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_deadline_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_max_bytes: Option<usize>,
 }
 
 impl LimitOverrides {
@@ -101,6 +121,13 @@ impl LimitOverrides {
             publish_burst: self.publish_burst.unwrap_or(defaults.publish_burst),
             history_size: self.history_size.unwrap_or(defaults.history_size),
             history_ttl_ms: self.history_ttl_ms.unwrap_or(defaults.history_ttl_ms),
+            plugin_memory_bytes: self
+                .plugin_memory_bytes
+                .unwrap_or(defaults.plugin_memory_bytes),
+            plugin_deadline_ms: self
+                .plugin_deadline_ms
+                .unwrap_or(defaults.plugin_deadline_ms),
+            plugin_max_bytes: self.plugin_max_bytes.unwrap_or(defaults.plugin_max_bytes),
         };
         if l.max_message_bytes < 64 {
             return Err("limits.max_message_bytes must be at least 64".into());
@@ -114,6 +141,15 @@ impl LimitOverrides {
         if l.history_size > 100_000 {
             return Err("limits.history_size must be at most 100000".into());
         }
+        if !(1 << 20..=4 << 30).contains(&l.plugin_memory_bytes) {
+            return Err("limits.plugin_memory_bytes must be between 1 MiB and 4 GiB".into());
+        }
+        if !(1..=10_000).contains(&l.plugin_deadline_ms) {
+            return Err("limits.plugin_deadline_ms must be between 1 and 10000".into());
+        }
+        if !(1024..=256 << 20).contains(&l.plugin_max_bytes) {
+            return Err("limits.plugin_max_bytes must be between 1 KiB and 256 MiB".into());
+        }
         Ok(l)
     }
 }
@@ -126,6 +162,7 @@ pub struct TenantSettings {
     pub overrides: LimitOverrides,
     pub limits: TenantLimits,
     pub publish_key_sha256: [u8; 32],
+    pub conflation: ConflationSettings,
 }
 
 /// A live tenant.
@@ -135,10 +172,17 @@ pub struct Tenant {
     pub hub: Hub,
     connections: AtomicUsize,
     rate: Mutex<TokenBucket>,
-    /// Cancelled when the tenant is deleted or its access changes; sessions
-    /// close with 4000 then.
-    cancel: RwLock<CancellationToken>,
+    /// Every live session, so deletion, an access change or shutdown can
+    /// close them; no per-session waiter needed.
+    pub sessions: SessionRegistry,
     pub metrics: TenantMetrics,
+    /// The active plugin version; swapped whole, so calls in flight finish on
+    /// the version they started with.
+    plugin: RwLock<Option<Arc<ActivePlugin>>>,
+    /// Keyed messages waiting for the conflation window to close.
+    pub conflator: Mutex<Conflator>,
+    /// When the conflation window last closed.
+    pub last_flush: Mutex<Instant>,
 }
 
 pub fn key_digest(key: &str) -> [u8; 32] {
@@ -146,7 +190,7 @@ pub fn key_digest(key: &str) -> [u8; 32] {
 }
 
 impl Tenant {
-    pub fn new(id: &str, settings: TenantSettings, parent: &CancellationToken) -> Arc<Tenant> {
+    pub fn new(id: &str, settings: TenantSettings) -> Arc<Tenant> {
         let rate = TokenBucket::new(
             settings.limits.publish_rate,
             settings.limits.publish_burst,
@@ -158,9 +202,21 @@ impl Tenant {
             hub: Hub::default(),
             connections: AtomicUsize::new(0),
             rate: Mutex::new(rate),
-            cancel: RwLock::new(parent.child_token()),
+            sessions: SessionRegistry::default(),
             metrics: TenantMetrics::new(id),
+            plugin: RwLock::new(None),
+            conflator: Mutex::new(Conflator::default()),
+            last_flush: Mutex::new(Instant::now()),
         })
+    }
+
+    pub fn plugin(&self) -> Option<Arc<ActivePlugin>> {
+        self.plugin.read().clone()
+    }
+
+    /// Swaps the active plugin atomically; returns the one it replaced.
+    pub fn set_plugin(&self, p: Option<Arc<ActivePlugin>>) -> Option<Arc<ActivePlugin>> {
+        std::mem::replace(&mut *self.plugin.write(), p)
     }
 
     pub fn settings(&self) -> Arc<TenantSettings> {
@@ -168,7 +224,7 @@ impl Tenant {
     }
 
     /// Installs new settings; closes every session when access changed.
-    pub fn update(&self, new: TenantSettings, parent: &CancellationToken) {
+    pub fn update(&self, new: TenantSettings) {
         let old = std::mem::replace(&mut *self.settings.write(), Arc::new(new.clone()));
         *self.rate.lock() = TokenBucket::new(
             new.limits.publish_rate,
@@ -176,18 +232,13 @@ impl Tenant {
             Instant::now(),
         );
         if old.access != new.access {
-            let fresh = parent.child_token();
-            std::mem::replace(&mut *self.cancel.write(), fresh).cancel();
+            self.sessions.close_all(QueueClose::TenantGone, false);
         }
     }
 
-    /// Closes every session of this tenant (deletion).
+    /// Closes every session of this tenant, now and later (deletion).
     pub fn shut(&self) {
-        self.cancel.read().cancel();
-    }
-
-    pub fn cancel_token(&self) -> CancellationToken {
-        self.cancel.read().clone()
+        self.sessions.close_all(QueueClose::TenantGone, true);
     }
 
     pub fn check_publish_key(&self, presented: &str) -> bool {
@@ -339,8 +390,9 @@ pub(crate) mod tests {
             overrides: LimitOverrides::default(),
             limits: defaults(),
             publish_key_sha256: key_digest("k"),
+            conflation: ConflationSettings::default(),
         };
-        Tenant::new(id, settings, &CancellationToken::new())
+        Tenant::new(id, settings)
     }
 
     #[test]
@@ -362,7 +414,6 @@ pub(crate) mod tests {
 
     #[test]
     fn slots_are_released_on_drop() {
-        let parent = CancellationToken::new();
         let mut limits = defaults();
         limits.max_connections = Some(1);
         let t = Tenant::new(
@@ -373,8 +424,8 @@ pub(crate) mod tests {
                 overrides: LimitOverrides::default(),
                 limits,
                 publish_key_sha256: key_digest("k"),
+                conflation: ConflationSettings::default(),
             },
-            &parent,
         );
         let cap = Capacity::new(2);
         let a = cap.acquire(&t).unwrap();
@@ -384,5 +435,49 @@ pub(crate) mod tests {
         assert_eq!((cap.current(), t.connections()), (0, 0));
         assert!(t.check_publish_key("k"));
         assert!(!t.check_publish_key("K"));
+    }
+}
+
+/// The live sessions of a tenant.
+#[derive(Default)]
+pub struct SessionRegistry {
+    inner: Mutex<(slab::Slab<Weak<SessionHandle>>, Option<QueueClose>)>,
+}
+
+impl SessionRegistry {
+    /// Registers a session; one registered after a final close is closed at once.
+    pub fn register(&self, h: &Arc<SessionHandle>) -> usize {
+        let mut g = self.inner.lock();
+        if let Some(reason) = g.1 {
+            h.close_with(reason);
+        }
+        g.0.insert(Arc::downgrade(h))
+    }
+
+    pub fn deregister(&self, key: usize) {
+        self.inner.lock().0.try_remove(key);
+    }
+
+    /// Closes every registered session with `reason`; `terminal` also closes
+    /// any session that registers later (tenant deleted, server stopping).
+    pub fn close_all(&self, reason: QueueClose, terminal: bool) {
+        let handles: Vec<Arc<SessionHandle>> = {
+            let mut g = self.inner.lock();
+            if terminal {
+                g.1 = Some(reason);
+            }
+            g.0.iter().filter_map(|(_, w)| w.upgrade()).collect()
+        };
+        for h in handles {
+            h.close_with(reason);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }

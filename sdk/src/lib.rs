@@ -75,7 +75,13 @@ impl Output {
     }
 
     /// Publishes with an optional conflation key and audience.
-    pub fn push_full(&mut self, channel: &str, payload: &[u8], key: Option<&str>, audience: Option<&str>) {
+    pub fn push_full(
+        &mut self,
+        channel: &str,
+        payload: &[u8],
+        key: Option<&str>,
+        audience: Option<&str>,
+    ) {
         self.data.extend_from_slice(channel.as_bytes());
         self.data.extend_from_slice(payload);
         if let Some(k) = key {
@@ -114,11 +120,22 @@ pub fn decode_records<'a>(data: &'a [u8], meta: &[u64]) -> Vec<Record<'a>> {
         Some(s)
     };
     for (i, m) in meta.chunks_exact(6).enumerate() {
-        let key = if m[2] == NONE64 { None } else { take(m[2]).map(Some) };
-        let (Some(key), Some(value), Some(channel), Some(hdr)) = (key, take(m[3]), take(m[4]), take(m[5])) else {
+        // Outer Option: the bytes were there; inner: the record has a key.
+        let key = if m[2] == NONE64 {
+            Some(None)
+        } else {
+            take(m[2]).map(Some)
+        };
+        let (Some(key), Some(value), Some(channel), Some(hdr)) =
+            (key, take(m[3]), take(m[4]), take(m[5]))
+        else {
             break;
         };
-        let channel = if channel.is_empty() { None } else { std::str::from_utf8(channel).ok() };
+        let channel = if channel.is_empty() {
+            None
+        } else {
+            std::str::from_utf8(channel).ok()
+        };
         out.push(Record {
             timestamp_ms: m[0],
             position: m[1],
@@ -141,7 +158,9 @@ fn decode_headers(mut b: &[u8]) -> Vec<(&str, &[u8])> {
     }
     let mut out = Vec::new();
     while !b.is_empty() {
-        let (Some(name), Some(value)) = (field(&mut b), field(&mut b)) else { break };
+        let (Some(name), Some(value)) = (field(&mut b), field(&mut b)) else {
+            break;
+        };
         if let Ok(name) = std::str::from_utf8(name) {
             out.push((name, value));
         }
@@ -159,7 +178,11 @@ pub trait Plugin {
     /// Default: everyone may connect, as subject "anonymous".
     fn authorize_connect(req: ConnectRequest) -> Result<Session, Denial> {
         let _ = req;
-        Ok(Session { subject: "anonymous".into(), audience: None, attributes: Vec::new() })
+        Ok(Session {
+            subject: "anonymous".into(),
+            audience: None,
+            attributes: Vec::new(),
+        })
     }
 
     /// Default: every subscription is allowed.
@@ -215,12 +238,18 @@ impl<P: Plugin> Guest for Adapter<P> {
 
     fn transform(batch: RecordBatch) -> OutgoingBatch {
         let records = decode_records(&batch.data, &batch.meta);
-        let mut out = Output { data: Vec::with_capacity(batch.data.len() + 64), ..Output::default() };
+        let mut out = Output {
+            data: Vec::with_capacity(batch.data.len() + 64),
+            ..Output::default()
+        };
         for r in &records {
             out.current = r.index;
             P::transform(r, &mut out);
         }
-        OutgoingBatch { data: out.data, meta: out.meta }
+        OutgoingBatch {
+            data: out.data,
+            meta: out.meta,
+        }
     }
 
     fn merge(key: String, older: Vec<u8>, newer: Vec<u8>) -> Vec<u8> {
@@ -237,7 +266,11 @@ impl<P: Plugin> Guest for Adapter<P> {
                 Hook::Merge => Hooks::MERGE,
             };
         }
-        Info { name: P::NAME.into(), version: P::VERSION.into(), hooks }
+        Info {
+            name: P::NAME.into(),
+            version: P::VERSION.into(),
+            hooks,
+        }
     }
 }
 
@@ -248,4 +281,45 @@ macro_rules! export_plugin {
         type __HeraldPluginAdapter = $crate::Adapter<$plugin>;
         $crate::bindings::__export_herald_plugin!(__HeraldPluginAdapter with_types_in $crate::bindings);
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_records_with_and_without_keys_and_headers() {
+        // Record 0: key "k", value "{}", channel "c", header h=v. Record 1: value "x" only.
+        let mut data = b"k{}c".to_vec();
+        data.extend_from_slice(&1u32.to_le_bytes());
+        data.extend_from_slice(b"h");
+        data.extend_from_slice(&1u32.to_le_bytes());
+        data.extend_from_slice(b"v");
+        data.extend_from_slice(b"x");
+        let meta = [5, 9, 1, 2, 1, 10, 6, 10, NONE64, 1, 0, 0];
+        let r = decode_records(&data, &meta);
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            (r[0].key, r[0].value, r[0].channel),
+            (Some(&b"k"[..]), &b"{}"[..], Some("c"))
+        );
+        assert_eq!(r[0].headers, vec![("h", &b"v"[..])]);
+        assert_eq!(
+            (r[1].key, r[1].value, r[1].channel, r[1].index),
+            (None, &b"x"[..], None, 1)
+        );
+        // Lengths past the data stop decoding instead of panicking.
+        assert_eq!(decode_records(b"ab", &[0, 0, NONE64, 5, 0, 0]).len(), 0);
+    }
+
+    #[test]
+    fn output_encodes_flat() {
+        let mut o = Output::default();
+        o.current = 3;
+        o.push_full("ch", b"{}", Some("k"), None);
+        o.push("d", b"1");
+        assert_eq!(o.data, b"ch{}kd1");
+        assert_eq!(o.meta, vec![2, 2, 1, NONE32, 3, 1, 1, NONE32, NONE32, 3]);
+        assert_eq!(o.len(), 2);
+    }
 }

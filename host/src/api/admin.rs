@@ -35,6 +35,8 @@ struct CreateTenant {
     config: Option<Value>,
     #[serde(default)]
     limits: Option<Value>,
+    #[serde(default)]
+    conflation: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -47,6 +49,9 @@ struct PatchTenant {
     /// JSON merge patch over the stored overrides: `null` removes one.
     #[serde(default)]
     limits: Option<Value>,
+    /// Replaces the conflation window (`{}` turns it off).
+    #[serde(default)]
+    conflation: Option<Value>,
 }
 
 fn view(rec: &TenantRecord, tenant: Option<&Tenant>) -> Value {
@@ -55,6 +60,8 @@ fn view(rec: &TenantRecord, tenant: Option<&Tenant>) -> Value {
         "access": rec.access,
         "config": rec.config,
         "limits": rec.limits,
+        "conflation": rec.conflation,
+        "active_plugin": rec.active_plugin,
         "created_at_ms": rec.created_at_ms,
         "updated_at_ms": rec.updated_at_ms,
     });
@@ -92,6 +99,7 @@ async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, Ap
     check_config(&config)?;
     let limits = req.limits.unwrap_or_else(|| json!({}));
     check_limits(&app, &limits)?;
+    let conflation = req.conflation.unwrap_or_else(|| json!({}));
     let key = new_secret("pk_");
     let now = now_ms();
     let rec = TenantRecord {
@@ -102,10 +110,12 @@ async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, Ap
         publish_key_sha256: hex(&key_digest(&key)),
         created_at_ms: now,
         updated_at_ms: now,
+        active_plugin: None,
+        conflation,
     };
     let settings = settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
     app.registry.create_tenant(&rec).await?;
-    let tenant = Tenant::new(&rec.id, settings, &app.shutdown);
+    let tenant = Tenant::new(&rec.id, settings);
     app.tenants.insert(tenant.clone());
     tracing::info!(tenant = %rec.id, access = %rec.access, "tenant created");
     let mut body = view(&rec, Some(&tenant));
@@ -156,6 +166,9 @@ async fn update(
         check_config(&c)?;
         rec.config = c;
     }
+    if let Some(c) = req.conflation {
+        rec.conflation = c;
+    }
     if let Some(l) = req.limits {
         if !l.is_object() {
             return Err(ApiError::BadRequest("limits: must be a JSON object".into()));
@@ -168,11 +181,26 @@ async fn update(
     app.registry.update_tenant(&rec).await?;
     let tenant = match app.tenants.get(&id) {
         Some(t) => {
-            t.update(settings, &app.shutdown);
+            let old = t.settings();
+            let reload =
+                old.config != settings.config || old.limits.sandbox() != settings.limits.sandbox();
+            t.update(settings);
+            // The plugin reads its config and runs under the sandbox limits
+            // given at load: reload the active version with the new ones.
+            if let (true, Some(p)) = (reload, t.plugin()) {
+                match app.load_plugin(&t, p.version).await {
+                    Ok(fresh) => {
+                        t.set_plugin(Some(fresh));
+                    }
+                    Err(e) => {
+                        tracing::error!(tenant = %id, version = p.version, error = %e, "reloading the plugin with the new config failed; the previous load stays active")
+                    }
+                }
+            }
             t
         }
         None => {
-            let t = Tenant::new(&id, settings, &app.shutdown);
+            let t = Tenant::new(&id, settings);
             app.tenants.insert(t.clone());
             t
         }
@@ -204,7 +232,7 @@ async fn rotate_key(
     let settings = settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
     app.registry.update_tenant(&rec).await?;
     if let Some(t) = app.tenants.get(&id) {
-        t.update(settings, &app.shutdown);
+        t.update(settings);
     }
     Ok(Json(json!({ "id": id, "publish_key": key })))
 }

@@ -7,6 +7,7 @@
 //! anything is changed (a bad item in a publish batch publishes nothing).
 
 mod admin;
+mod plugins;
 mod publish;
 
 use crate::app::App;
@@ -38,6 +39,9 @@ pub enum ApiError {
     RateLimited(Duration),
     #[error("server is shutting down")]
     Unavailable,
+    /// The tenant's plugin failed on this batch; nothing of it was published.
+    #[error("transform failed ({0}); the batch was dead-lettered: {1}")]
+    TransformFailed(&'static str, String),
     #[error("internal error")]
     Internal(String),
 }
@@ -52,6 +56,7 @@ impl ApiError {
             ApiError::Unprocessable(_) => "unprocessable",
             ApiError::RateLimited(_) => "rate_limited",
             ApiError::Unavailable => "unavailable",
+            ApiError::TransformFailed(..) => "transform_failed",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -78,6 +83,7 @@ impl IntoResponse for ApiError {
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::TransformFailed(..) => StatusCode::BAD_GATEWAY,
             ApiError::Internal(cause) => {
                 tracing::error!(%cause, "request failed with an internal error");
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -117,8 +123,9 @@ async fn require_admin(State(app): State<Arc<App>>, req: Request, next: Next) ->
 }
 
 pub fn router(app: Arc<App>) -> Router {
-    let admin =
-        admin::routes().route_layer(middleware::from_fn_with_state(app.clone(), require_admin));
+    let admin = admin::routes()
+        .merge(plugins::routes())
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_admin));
     Router::new()
         .nest("/admin/v1", admin)
         .merge(publish::routes())

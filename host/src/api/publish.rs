@@ -5,8 +5,10 @@
 
 use super::{bearer, ApiError};
 use crate::app::App;
-use crate::fanout::Outgoing;
-use crate::proto::{self, PayloadKind};
+use crate::ingest;
+use crate::plugin::active::ActivePlugin;
+use crate::plugin::batch::SourceRecord;
+use crate::proto;
 use crate::registry::now_ms;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -112,26 +114,41 @@ async fn publish(
         return Err(ApiError::RateLimited(wait));
     }
     let now = now_ms() as u64;
-    let history = limits.history();
-    let mut results = Vec::with_capacity(items.len());
-    for item in &items {
-        let out = Outgoing {
-            ch: &item.ch,
-            payload: item.data.get().as_bytes(),
-            kind: PayloadKind::Json,
-            key: item.key.as_deref(),
-        };
-        let (seq, report) = tenant.hub.publish(out, history, now);
-        tenant.metrics.published.increment(1);
-        tenant.metrics.conflated.increment(report.conflated as u64);
-        tenant.metrics.dropped.increment(report.dropped as u64);
-        tenant
-            .metrics
-            .disconnected
-            .increment(report.disconnected as u64);
-        results.push(serde_json::json!({"ch": item.ch, "seq": seq, "delivered": report.delivered}));
+    let run = {
+        let tenant = tenant.clone();
+        move || {
+            let records: Vec<SourceRecord<'_>> = items
+                .iter()
+                .map(|i| SourceRecord {
+                    timestamp_ms: now,
+                    position: 0,
+                    key: i.key.as_deref().map(str::as_bytes),
+                    value: i.data.get().as_bytes(),
+                    channel: Some(&i.ch),
+                    headers: &[],
+                })
+                .collect();
+            ingest::ingest(&tenant, &records)
+        }
+    };
+    // Plugin calls leave the runtime's worker threads (see ActivePlugin::off_runtime).
+    let outcomes = if tenant
+        .plugin()
+        .is_some_and(|p| p.info.hooks.transform || p.info.hooks.merge)
+    {
+        ActivePlugin::off_runtime(run).await
+    } else {
+        run()
     }
-    let body = if batch {
+    .map_err(|e| ApiError::TransformFailed(e.kind(), e.to_string()))?;
+    let mut results: Vec<serde_json::Value> = outcomes
+        .iter()
+        .map(|o| match o.seq {
+            Some(seq) => serde_json::json!({"ch": o.channel, "seq": seq, "delivered": o.delivered}),
+            None => serde_json::json!({"ch": o.channel, "seq": null, "held": true}),
+        })
+        .collect();
+    let body = if batch || results.len() != 1 {
         serde_json::json!({ "results": results })
     } else {
         results.pop().unwrap_or_default()

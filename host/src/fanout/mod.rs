@@ -8,6 +8,7 @@
 //! so no message is missed or duplicated between the two. Publishing never
 //! waits on a socket: it only pushes into bounded session queues.
 
+pub mod conflate;
 pub mod queue;
 pub mod session;
 
@@ -28,6 +29,9 @@ pub struct Published {
     pub prev: u64,
     /// Conflation key given by the publisher.
     pub key: Option<Arc<str>>,
+    /// Only sessions of this audience receive this variant; `None`: everyone
+    /// who has no variant of their own.
+    pub audience: Option<Arc<str>>,
     /// Publish time, milliseconds since the Unix epoch.
     pub at_ms: u64,
     /// The complete WebSocket text frame.
@@ -52,6 +56,7 @@ impl Published {
             seq,
             prev: seq.saturating_sub(1),
             key: key.map(Into::into),
+            audience: None,
             at_ms: 0,
             ws: Bytes::from(vec![b'x'; size]),
             sse: Bytes::from(vec![b'x'; size]),
@@ -72,6 +77,26 @@ pub struct Outgoing<'a> {
     pub payload: &'a [u8],
     pub kind: PayloadKind,
     pub key: Option<&'a str>,
+}
+
+/// One audience's version of a message; all variants share one position.
+#[derive(Debug, Clone, Copy)]
+pub struct Variant<'a> {
+    pub payload: &'a [u8],
+    pub kind: PayloadKind,
+    pub audience: Option<&'a str>,
+}
+
+/// The variant a session of `audience` receives, if any.
+fn pick<'a>(variants: &'a [Arc<Published>], audience: Option<&str>) -> Option<&'a Arc<Published>> {
+    if let [only] = variants {
+        if only.audience.is_none() {
+            return Some(only);
+        }
+    }
+    audience
+        .and_then(|a| variants.iter().find(|v| v.audience.as_deref() == Some(a)))
+        .or_else(|| variants.iter().find(|v| v.audience.is_none()))
 }
 
 /// What a subscribe found, so the session can answer the client.
@@ -184,30 +209,57 @@ impl Hub {
         limits: HistoryLimits,
         now_ms: u64,
     ) -> (u64, PublishReport) {
-        let chan = self.channel(msg.ch);
+        let v = [Variant {
+            payload: msg.payload,
+            kind: msg.kind,
+            audience: None,
+        }];
+        self.publish_variants(msg.ch, msg.key, &v, limits, now_ms)
+    }
+
+    /// Publishes one message in per-audience variants under one position.
+    pub fn publish_variants(
+        &self,
+        ch: &str,
+        key: Option<&str>,
+        variants: &[Variant<'_>],
+        limits: HistoryLimits,
+        now_ms: u64,
+    ) -> (u64, PublishReport) {
+        let chan = self.channel(ch);
         let mut c = chan.lock();
         let prev = c.seq;
         c.seq += 1;
         let seq = c.seq;
-        let json = proto::encode_msg(&c.name, seq, prev, msg.payload, msg.kind);
-        let published = Arc::new(Published {
-            ch: c.name.clone(),
-            epoch: c.epoch,
-            seq,
-            prev,
-            key: msg.key.map(Into::into),
-            at_ms: now_ms,
-            ws: ws::encode_frame(ws::OpCode::Text, json.as_bytes()),
-            sse: sse::encode_event_body("msg", &json),
-        });
+        let key: Option<Arc<str>> = key.map(Into::into);
+        let encoded: Vec<Arc<Published>> = variants
+            .iter()
+            .map(|v| {
+                let json = proto::encode_msg(&c.name, seq, prev, v.payload, v.kind);
+                Arc::new(Published {
+                    ch: c.name.clone(),
+                    epoch: c.epoch,
+                    seq,
+                    prev,
+                    key: key.clone(),
+                    audience: v.audience.map(Into::into),
+                    at_ms: now_ms,
+                    ws: ws::encode_frame(ws::OpCode::Text, json.as_bytes()),
+                    sse: sse::encode_event_body("msg", &json),
+                })
+            })
+            .collect();
         let mut report = PublishReport::default();
         c.subscribers.retain(|s| {
-            let d = s.deliver_msg(&published);
+            let Some(p) = pick(&encoded, s.audience()) else {
+                return true;
+            };
+            let d = s.deliver_msg(p);
             report.add(d);
             !matches!(d, Delivery::Disconnected | Delivery::Closed)
         });
         if limits.max_messages > 0 {
-            c.history.push_back(published);
+            c.history.extend(encoded);
         }
         c.trim(limits, now_ms);
         (seq, report)
@@ -250,8 +302,20 @@ impl Hub {
                 session.deliver_ctrl("gap", &proto::encode_gap(&c.name, since + 1, to));
                 result.gap = Some((since + 1, to));
             }
+            // Variants of one position sit next to each other in history.
+            let mut group: Vec<Arc<Published>> = Vec::new();
             for m in c.history.iter().filter(|m| m.seq > since) {
-                session.deliver_msg(m);
+                if group.first().is_some_and(|g| g.seq != m.seq) {
+                    if let Some(p) = pick(&group, session.audience()) {
+                        session.deliver_msg(p);
+                        result.replayed += 1;
+                    }
+                    group.clear();
+                }
+                group.push(m.clone());
+            }
+            if let Some(p) = pick(&group, session.audience()) {
+                session.deliver_msg(p);
                 result.replayed += 1;
             }
         }
@@ -303,7 +367,60 @@ mod tests {
     }
 
     fn session() -> Arc<SessionHandle> {
-        SessionHandle::new(Wire::Ws, 1 << 20, SlowConsumer::DropOldest)
+        SessionHandle::new(Wire::Ws, 1 << 20, SlowConsumer::DropOldest, None)
+    }
+
+    #[test]
+    fn audiences_get_their_variant_under_one_position() {
+        let hub = Hub::default();
+        let pro = SessionHandle::new(
+            Wire::Ws,
+            1 << 20,
+            SlowConsumer::DropOldest,
+            Some("pro".into()),
+        );
+        let basic = SessionHandle::new(
+            Wire::Ws,
+            1 << 20,
+            SlowConsumer::DropOldest,
+            Some("basic".into()),
+        );
+        let anon = session();
+        for s in [&pro, &basic, &anon] {
+            hub.subscribe("c", s, None, LIMITS, 0, |_, _| {});
+        }
+        let v = [
+            Variant {
+                payload: b"{\"full\":1}",
+                kind: PayloadKind::Json,
+                audience: Some("pro"),
+            },
+            Variant {
+                payload: b"{}",
+                kind: PayloadKind::Json,
+                audience: Some("basic"),
+            },
+        ];
+        let (seq, r) = hub.publish_variants("c", None, &v, LIMITS, 0);
+        assert_eq!((seq, r.delivered), (1, 2));
+        let got = |s: &SessionHandle| drained(s);
+        assert_eq!(got(&pro), ["msg1"]);
+        assert_eq!(got(&basic), ["msg1"]);
+        assert!(got(&anon).is_empty());
+        // Replay gives each audience its own variant too.
+        hub.publish_variants("c", None, &v, LIMITS, 0);
+        let late = SessionHandle::new(
+            Wire::Ws,
+            1 << 20,
+            SlowConsumer::DropOldest,
+            Some("basic".into()),
+        );
+        let r = hub.subscribe("c", &late, Some((0, None)), LIMITS, 0, |_, _| {});
+        assert_eq!(r.replayed, 2);
+        let items = late.take_queued();
+        assert!(items
+            .iter()
+            .all(|i| matches!(i, Item::Msg(m) if m.audience.as_deref() == Some("basic"))));
     }
 
     fn drained(s: &SessionHandle) -> Vec<String> {
@@ -378,7 +495,7 @@ mod tests {
     #[test]
     fn closed_sessions_leave_the_channel() {
         let hub = Hub::default();
-        let s = SessionHandle::new(Wire::Ws, 100, SlowConsumer::Disconnect);
+        let s = SessionHandle::new(Wire::Ws, 100, SlowConsumer::Disconnect, None);
         hub.subscribe("a", &s, None, LIMITS, 0, |_, _| {});
         let (_, r1) = hub.publish(
             Outgoing {

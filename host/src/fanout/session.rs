@@ -22,8 +22,12 @@ pub enum QueueClose {
     /// The queue overflowed under the `disconnect` policy, or a single frame
     /// was larger than the whole queue.
     SlowConsumer,
-    /// The session ended for another reason (client left, shutdown).
+    /// The session ended for another reason (the client left).
     Ended,
+    /// The server is shutting down (close 1001).
+    GoingAway,
+    /// The tenant was deleted or its access changed (close 4000).
+    TenantGone,
 }
 
 /// What delivering one message to one session did.
@@ -49,19 +53,31 @@ pub struct SessionHandle {
     wire: Wire,
     limit_bytes: usize,
     policy: SlowConsumer,
+    /// Set by the tenant's plugin at connect; selects message variants.
+    audience: Option<Arc<str>>,
     state: Mutex<State>,
     wake: Notify,
 }
 
 impl SessionHandle {
-    pub fn new(wire: Wire, limit_bytes: usize, policy: SlowConsumer) -> Arc<SessionHandle> {
+    pub fn new(
+        wire: Wire,
+        limit_bytes: usize,
+        policy: SlowConsumer,
+        audience: Option<Arc<str>>,
+    ) -> Arc<SessionHandle> {
         Arc::new(SessionHandle {
             wire,
             limit_bytes,
             policy,
+            audience,
             state: Mutex::default(),
             wake: Notify::new(),
         })
+    }
+
+    pub fn audience(&self) -> Option<&str> {
+        self.audience.as_deref()
     }
 
     pub fn wire(&self) -> Wire {
@@ -132,6 +148,20 @@ impl SessionHandle {
         let mut st = self.state.lock();
         st.closed.get_or_insert(QueueClose::Ended);
         st.queue.take();
+    }
+
+    /// Closes the session from outside (shutdown, tenant change) and wakes
+    /// its task, which sends the matching close code.
+    pub fn close_with(&self, reason: QueueClose) {
+        {
+            let mut st = self.state.lock();
+            if st.closed.is_some() {
+                return;
+            }
+            st.closed = Some(reason);
+            st.queue.take();
+        }
+        self.wake.notify_one();
     }
 
     /// Resolves once something was queued since the last call.

@@ -88,6 +88,8 @@ pub enum ErrorCode {
     Forbidden,
     TooManySubscriptions,
     NotSubscribed,
+    /// The tenant's plugin failed; the request failed closed.
+    PluginError,
 }
 
 impl ErrorCode {
@@ -99,6 +101,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::TooManySubscriptions => "too_many_subscriptions",
             ErrorCode::NotSubscribed => "not_subscribed",
+            ErrorCode::PluginError => "plugin_error",
         }
     }
 }

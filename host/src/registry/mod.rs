@@ -42,7 +42,27 @@ pub struct TenantRecord {
     pub publish_key_sha256: String,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// The active plugin version, if any.
+    pub active_plugin: Option<i64>,
+    /// The tenant's conflation window (`{"window_ms":…,"channels":[…]}`).
+    pub conflation: serde_json::Value,
 }
+
+/// A stored plugin version (without its bytes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginRecord {
+    pub tenant_id: String,
+    pub version: i64,
+    pub sha256: String,
+    pub size_bytes: i64,
+    pub name: String,
+    pub plugin_version: String,
+    pub hooks: serde_json::Value,
+    pub created_at_ms: i64,
+}
+
+const TENANT_COLUMNS: &str =
+    "id, access, config, limits, publish_key_sha256, created_at, updated_at, active_plugin, conflation";
 
 #[derive(Clone)]
 pub struct Registry {
@@ -118,22 +138,22 @@ impl Registry {
             publish_key_sha256: row.try_get("publish_key_sha256")?,
             created_at_ms: row.try_get("created_at")?,
             updated_at_ms: row.try_get("updated_at")?,
+            active_plugin: row.try_get("active_plugin")?,
+            conflation: json("conflation")?,
         })
     }
 
     pub async fn list_tenants(&self) -> Result<Vec<TenantRecord>, RegistryError> {
-        let rows = sqlx::query(
-            "SELECT id, access, config, limits, publish_key_sha256, created_at, updated_at FROM tenants ORDER BY id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(&format!("SELECT {TENANT_COLUMNS} FROM tenants ORDER BY id"))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(Self::tenant_from_row).collect()
     }
 
     pub async fn get_tenant(&self, id: &str) -> Result<TenantRecord, RegistryError> {
-        let row = sqlx::query(
-            "SELECT id, access, config, limits, publish_key_sha256, created_at, updated_at FROM tenants WHERE id = $1",
-        )
+        let row = sqlx::query(&format!(
+            "SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1"
+        ))
         .bind(id)
         .fetch_optional(&self.pool)
         .await?
@@ -143,8 +163,8 @@ impl Registry {
 
     pub async fn create_tenant(&self, t: &TenantRecord) -> Result<(), RegistryError> {
         let r = sqlx::query(
-            "INSERT INTO tenants (id, access, config, limits, publish_key_sha256, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO tenants (id, access, config, limits, publish_key_sha256, created_at, updated_at, conflation) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(&t.id)
         .bind(&t.access)
@@ -153,6 +173,7 @@ impl Registry {
         .bind(&t.publish_key_sha256)
         .bind(t.created_at_ms)
         .bind(t.updated_at_ms)
+        .bind(t.conflation.to_string())
         .execute(&self.pool)
         .await;
         match r {
@@ -166,14 +187,15 @@ impl Registry {
 
     pub async fn update_tenant(&self, t: &TenantRecord) -> Result<(), RegistryError> {
         let r = sqlx::query(
-            "UPDATE tenants SET access = $1, config = $2, limits = $3, publish_key_sha256 = $4, updated_at = $5 \
-             WHERE id = $6",
+            "UPDATE tenants SET access = $1, config = $2, limits = $3, publish_key_sha256 = $4, updated_at = $5, \
+             conflation = $6 WHERE id = $7",
         )
         .bind(&t.access)
         .bind(t.config.to_string())
         .bind(t.limits.to_string())
         .bind(&t.publish_key_sha256)
         .bind(t.updated_at_ms)
+        .bind(t.conflation.to_string())
         .bind(&t.id)
         .execute(&self.pool)
         .await?;
@@ -184,12 +206,120 @@ impl Registry {
     }
 
     pub async fn delete_tenant(&self, id: &str) -> Result<(), RegistryError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM plugins WHERE tenant_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
         let r = sqlx::query("DELETE FROM tenants WHERE id = $1")
             .bind(id)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
         if r.rows_affected() == 0 {
             return Err(RegistryError::NotFound(format!("tenant {id:?}")));
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Stores a validated plugin version as the tenant's next version number.
+    pub async fn add_plugin(
+        &self,
+        p: &PluginRecord,
+        component: &[u8],
+    ) -> Result<i64, RegistryError> {
+        let mut tx = self.pool.begin().await?;
+        let exists = sqlx::query("SELECT id FROM tenants WHERE id = $1")
+            .bind(&p.tenant_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if exists.is_none() {
+            return Err(RegistryError::NotFound(format!("tenant {:?}", p.tenant_id)));
+        }
+        let row =
+            sqlx::query("SELECT COALESCE(MAX(version), 0) AS v FROM plugins WHERE tenant_id = $1")
+                .bind(&p.tenant_id)
+                .fetch_one(&mut *tx)
+                .await?;
+        let version: i64 = row.try_get::<i64, _>("v")? + 1;
+        sqlx::query(
+            "INSERT INTO plugins (tenant_id, version, sha256, size_bytes, component, name, plugin_version, hooks, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(&p.tenant_id)
+        .bind(version)
+        .bind(&p.sha256)
+        .bind(p.size_bytes)
+        .bind(component)
+        .bind(&p.name)
+        .bind(&p.plugin_version)
+        .bind(p.hooks.to_string())
+        .bind(p.created_at_ms)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(version)
+    }
+
+    pub async fn list_plugins(&self, tenant: &str) -> Result<Vec<PluginRecord>, RegistryError> {
+        let rows = sqlx::query(
+            "SELECT tenant_id, version, sha256, size_bytes, name, plugin_version, hooks, created_at \
+             FROM plugins WHERE tenant_id = $1 ORDER BY version",
+        )
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let hooks: String = r.try_get("hooks")?;
+                Ok(PluginRecord {
+                    tenant_id: r.try_get("tenant_id")?,
+                    version: r.try_get("version")?,
+                    sha256: r.try_get("sha256")?,
+                    size_bytes: r.try_get("size_bytes")?,
+                    name: r.try_get("name")?,
+                    plugin_version: r.try_get("plugin_version")?,
+                    hooks: serde_json::from_str(&hooks)
+                        .map_err(|e| RegistryError::Corrupt(format!("plugins.hooks: {e}")))?,
+                    created_at_ms: r.try_get("created_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// The component bytes of one version.
+    pub async fn plugin_component(
+        &self,
+        tenant: &str,
+        version: i64,
+    ) -> Result<Vec<u8>, RegistryError> {
+        let row =
+            sqlx::query("SELECT component FROM plugins WHERE tenant_id = $1 AND version = $2")
+                .bind(tenant)
+                .bind(version)
+                .fetch_optional(&self.pool)
+                .await?
+                .ok_or_else(|| {
+                    RegistryError::NotFound(format!(
+                        "plugin version {version} of tenant {tenant:?}"
+                    ))
+                })?;
+        Ok(row.try_get("component")?)
+    }
+
+    pub async fn set_active_plugin(
+        &self,
+        tenant: &str,
+        version: Option<i64>,
+    ) -> Result<(), RegistryError> {
+        let r = sqlx::query("UPDATE tenants SET active_plugin = $1, updated_at = $2 WHERE id = $3")
+            .bind(version)
+            .bind(now_ms())
+            .bind(tenant)
+            .execute(&self.pool)
+            .await?;
+        if r.rows_affected() == 0 {
+            return Err(RegistryError::NotFound(format!("tenant {tenant:?}")));
         }
         Ok(())
     }

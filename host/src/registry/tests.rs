@@ -13,6 +13,8 @@ fn record(id: &str) -> TenantRecord {
         publish_key_sha256: "00".repeat(32),
         created_at_ms: 1,
         updated_at_ms: 1,
+        active_plugin: None,
+        conflation: serde_json::json!({}),
     }
 }
 
@@ -48,6 +50,40 @@ async fn exercise(reg: &Registry, prefix: &str) {
         reg.get_tenant(&a.id).await,
         Err(RegistryError::NotFound(_))
     ));
+    // Plugin versions number up from 1 per tenant and follow the tenant out.
+    let b = record(&format!("{prefix}b"));
+    reg.create_tenant(&b).await.unwrap();
+    let p = PluginRecord {
+        tenant_id: b.id.clone(),
+        version: 0,
+        sha256: "ab".repeat(32),
+        size_bytes: 3,
+        name: "n".into(),
+        plugin_version: "1".into(),
+        hooks: serde_json::json!({"transform": true}),
+        created_at_ms: 1,
+    };
+    assert_eq!(reg.add_plugin(&p, &[1, 2, 3]).await.unwrap(), 1);
+    assert_eq!(reg.add_plugin(&p, &[4, 5]).await.unwrap(), 2);
+    assert_eq!(reg.plugin_component(&b.id, 2).await.unwrap(), vec![4, 5]);
+    assert_eq!(reg.list_plugins(&b.id).await.unwrap().len(), 2);
+    reg.set_active_plugin(&b.id, Some(2)).await.unwrap();
+    assert_eq!(reg.get_tenant(&b.id).await.unwrap().active_plugin, Some(2));
+    assert!(matches!(
+        reg.plugin_component(&b.id, 9).await,
+        Err(RegistryError::NotFound(_))
+    ));
+    let orphan = PluginRecord {
+        tenant_id: format!("{prefix}none"),
+        ..p.clone()
+    };
+    assert!(matches!(
+        reg.add_plugin(&orphan, &[1]).await,
+        Err(RegistryError::NotFound(_))
+    ));
+    reg.delete_tenant(&b.id).await.unwrap();
+    assert!(reg.list_plugins(&b.id).await.unwrap().is_empty());
+
     let key = format!("{prefix}k");
     assert_eq!(reg.get_setting(&key).await.unwrap(), None);
     reg.put_setting(&key, "v1").await.unwrap();

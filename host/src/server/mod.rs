@@ -14,6 +14,7 @@ pub mod session;
 
 use crate::app::App;
 use crate::metrics;
+use crate::plugin;
 use crate::proto::{self, sse, ws};
 use crate::tenant::{Access, Refusal};
 use bytes::Bytes;
@@ -107,8 +108,8 @@ async fn front_door(app: Arc<App>, mut stream: TcpStream, peer: SocketAddr, rout
         }
     };
     match head::route(&head) {
-        Route::WebSocket { tenant } => websocket(app, stream, buf, head, &tenant).await,
-        Route::Sse { tenant } => server_sent_events(app, stream, head, &tenant).await,
+        Route::WebSocket { tenant } => websocket(app, stream, buf, head, &tenant, peer).await,
+        Route::Sse { tenant } => server_sent_events(app, stream, head, &tenant, peer).await,
         Route::Http => serve_http(app, stream, Bytes::from(buf), peer, router).await,
     }
 }
@@ -163,56 +164,222 @@ fn retry_after_secs() -> u64 {
     1 + rand::random::<u64>() % 5
 }
 
+/// A connection that passed admission: its slot and, for plugin tenants,
+/// the session the plugin granted.
+pub struct Admitted {
+    pub slot: crate::tenant::ConnectionSlot,
+    pub session: Option<Arc<plugin::Session>>,
+}
+
+/// The token a client presented: bearer header, `herald_token` cookie, or
+/// `token` query parameter. Herald passes it on and never interprets it.
+fn credentials(head: &RequestHead, query: &[(String, String)]) -> Option<String> {
+    if let Some(v) = head.header("authorization") {
+        if let Some((scheme, token)) = v.split_once(' ') {
+            if scheme.eq_ignore_ascii_case("bearer") {
+                return Some(token.trim().to_string());
+            }
+        }
+    }
+    let cookie = head
+        .headers
+        .iter()
+        .filter(|(n, _)| n == "cookie")
+        .flat_map(|(_, v)| v.split(';'))
+        .find_map(|c| {
+            let (k, v) = c.trim().split_once('=')?;
+            (k == "herald_token").then(|| v.to_string())
+        });
+    cookie.or_else(|| {
+        query
+            .iter()
+            .find(|(k, _)| k == "token")
+            .map(|(_, v)| v.clone())
+    })
+}
+
+/// Headers a plugin may see; cookies and authorization stay with the host.
+const PLUGIN_HEADERS: &[&str] = &[
+    "origin",
+    "user-agent",
+    "referer",
+    "x-forwarded-for",
+    "x-real-ip",
+    "accept-language",
+];
+
+fn connect_request(
+    tenant: &str,
+    transport: &str,
+    head: &RequestHead,
+    peer: SocketAddr,
+) -> plugin::ConnectRequest {
+    let query = head.query_pairs();
+    plugin::ConnectRequest {
+        tenant: tenant.to_string(),
+        transport: transport.to_string(),
+        headers: head
+            .headers
+            .iter()
+            .filter(|(n, _)| PLUGIN_HEADERS.contains(&n.as_str()))
+            .cloned()
+            .collect(),
+        credentials: credentials(head, &query),
+        query: query.into_iter().filter(|(k, _)| k != "token").collect(),
+        remote_addr: peer.to_string(),
+    }
+}
+
+/// A denial code from a plugin, made safe for a JSON body and a metric.
+fn denial_code(code: &str) -> String {
+    let c: String = code
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .take(48)
+        .collect();
+    if c.is_empty() {
+        "denied".into()
+    } else {
+        c
+    }
+}
+
+struct Refused {
+    status: &'static str,
+    extra: Vec<(&'static str, String)>,
+    body: String,
+}
+
+fn busy(code: &str, message: &str) -> Refused {
+    Refused {
+        status: "503 Service Unavailable",
+        extra: vec![("Retry-After", retry_after_secs().to_string())],
+        body: error_body(code, message),
+    }
+}
+
 /// Checks everything that can refuse a session before its handshake is
-/// answered; on refusal writes the HTTP answer itself.
+/// answered (readiness, memory, tenant, capacity, the plugin's
+/// authorize-connect); on refusal writes the HTTP answer itself.
 async fn admit(
     app: &Arc<App>,
     stream: &mut TcpStream,
     tenant_id: &str,
-) -> Option<crate::tenant::ConnectionSlot> {
-    let refuse_busy = |r: Refusal| {
-        (
-            "503 Service Unavailable",
-            vec![("Retry-After", retry_after_secs().to_string())],
-            error_body(r.as_str(), "server is over capacity; retry later"),
-        )
-    };
-    let answer = if !app.is_ready() {
-        metrics::refused_global(Refusal::ShuttingDown.as_str());
-        refuse_busy(Refusal::ShuttingDown)
-    } else if app.over_memory() {
-        metrics::refused_global(Refusal::MemoryBudget.as_str());
-        refuse_busy(Refusal::MemoryBudget)
-    } else {
-        match app.tenants.get(tenant_id) {
-            None => (
-                "404 Not Found",
-                vec![],
-                error_body(
-                    "unknown_tenant",
-                    &format!("no tenant {:?}", truncate(tenant_id)),
-                ),
-            ),
-            Some(t) if t.settings().access == Access::Plugin => {
-                t.metrics.refused("no_active_plugin");
-                (
-                    "403 Forbidden",
-                    vec![],
-                    error_body("no_active_plugin", "tenant access is \"plugin\" and no plugin is active; connections are refused"),
-                )
-            }
-            Some(t) => match app.capacity.acquire(&t) {
-                Ok(slot) => return Some(slot),
-                Err(r) => {
-                    t.metrics.refused(r.as_str());
-                    refuse_busy(r)
-                }
-            },
+    transport: &str,
+    head: &RequestHead,
+    peer: SocketAddr,
+) -> Option<Admitted> {
+    let result = match check_admission(app, tenant_id) {
+        Ok(Admission::Done(a)) => Ok(a),
+        Ok(Admission::Authorize(slot, plugin)) => {
+            let req = connect_request(tenant_id, transport, head, peer);
+            authorize_connect(slot, plugin, req).await
         }
+        Err(r) => Err(r),
     };
-    let (status, extra, body) = answer;
-    respond(stream, status, &extra, &body).await;
-    None
+    match result {
+        Ok(a) => Some(a),
+        Err(r) => {
+            respond(stream, r.status, &r.extra, &r.body).await;
+            None
+        }
+    }
+}
+
+enum Admission {
+    Done(Admitted),
+    /// The slot is held; the plugin's authorize-connect decides.
+    Authorize(
+        crate::tenant::ConnectionSlot,
+        Arc<plugin::active::ActivePlugin>,
+    ),
+}
+
+fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused> {
+    if !app.is_ready() {
+        metrics::refused_global(Refusal::ShuttingDown.as_str());
+        return Err(busy(
+            Refusal::ShuttingDown.as_str(),
+            "server is shutting down; retry later",
+        ));
+    }
+    if app.over_memory() {
+        metrics::refused_global(Refusal::MemoryBudget.as_str());
+        return Err(busy(
+            Refusal::MemoryBudget.as_str(),
+            "server is over capacity; retry later",
+        ));
+    }
+    let Some(t) = app.tenants.get(tenant_id) else {
+        return Err(Refused {
+            status: "404 Not Found",
+            extra: vec![],
+            body: error_body(
+                "unknown_tenant",
+                &format!("no tenant {:?}", truncate(tenant_id)),
+            ),
+        });
+    };
+    let slot = app.capacity.acquire(&t).map_err(|r| {
+        t.metrics.refused(r.as_str());
+        busy(r.as_str(), "server is over capacity; retry later")
+    })?;
+    if t.settings().access == Access::Public {
+        return Ok(Admission::Done(Admitted {
+            slot,
+            session: None,
+        }));
+    }
+    let Some(p) = t.plugin() else {
+        t.metrics.refused("no_active_plugin");
+        return Err(Refused {
+            status: "403 Forbidden",
+            extra: vec![],
+            body: error_body(
+                "no_active_plugin",
+                "tenant access is \"plugin\" and no plugin is active; connections are refused",
+            ),
+        });
+    };
+    if !p.info.hooks.authorize_connect {
+        return Ok(Admission::Done(Admitted {
+            slot,
+            session: None,
+        }));
+    }
+    Ok(Admission::Authorize(slot, p))
+}
+
+async fn authorize_connect(
+    slot: crate::tenant::ConnectionSlot,
+    p: Arc<plugin::active::ActivePlugin>,
+    req: plugin::ConnectRequest,
+) -> Result<Admitted, Refused> {
+    let t = slot.tenant.clone();
+    match p.authorize_connect_async(req).await {
+        Ok(Ok(session)) => Ok(Admitted {
+            slot,
+            session: Some(Arc::new(session)),
+        }),
+        Ok(Err(denial)) => {
+            t.metrics.refused("denied");
+            Err(Refused {
+                status: "403 Forbidden",
+                extra: vec![],
+                body: error_body(&denial_code(&denial.code), &denial.message),
+            })
+        }
+        Err(e) => {
+            // The plugin failed: fail closed, and say it is the server's fault.
+            t.metrics.refused("plugin_failed");
+            t.metrics.plugin_failure("authorize_connect", e.kind());
+            tracing::warn!(tenant = %t.id, kind = e.kind(), error = %e, "authorize-connect failed; connection refused");
+            Err(busy(
+                &format!("plugin_{}", e.kind()),
+                "the tenant's plugin failed to authorize this connection",
+            ))
+        }
+    }
 }
 
 fn truncate(s: &str) -> &str {
@@ -229,6 +396,7 @@ async fn websocket(
     buf: Vec<u8>,
     head: RequestHead,
     tenant: &str,
+    peer: SocketAddr,
 ) {
     if head.header("sec-websocket-version").map(str::trim) != Some("13") {
         let extra = [("Sec-WebSocket-Version", "13".to_string())];
@@ -265,7 +433,7 @@ async fn websocket(
         return;
     }
     let accept = ws::accept_key(key);
-    let Some(slot) = admit(&app, &mut stream, tenant).await else {
+    let Some(admitted) = admit(&app, &mut stream, tenant, "ws", &head, peer).await else {
         return;
     };
     let response = format!(
@@ -278,7 +446,7 @@ async fn websocket(
     drop(buf);
     // A task of its own, sized by the session alone, not by the handshake states.
     let tracker = app.tracker.clone();
-    tracker.spawn(session::run_ws(app, stream, early, slot));
+    tracker.spawn(session::run_ws(app, stream, early, admitted));
 }
 
 async fn server_sent_events(
@@ -286,6 +454,7 @@ async fn server_sent_events(
     mut stream: TcpStream,
     head: RequestHead,
     tenant_id: &str,
+    peer: SocketAddr,
 ) {
     let mut channels = Vec::new();
     let mut last_event_id = head.header("last-event-id").map(str::to_string);
@@ -327,9 +496,28 @@ async fn server_sent_events(
         }
     }
     let resume = last_event_id.and_then(|id| sse::parse_last_event_id(&id, channels.len()));
-    let Some(slot) = admit(&app, &mut stream, tenant_id).await else {
+    let Some(admitted) = admit(&app, &mut stream, tenant_id, "sse", &head, peer).await else {
         return;
     };
+    for ch in &channels {
+        if let Err(refusal) =
+            session::authorize_subscribe(&admitted.slot.tenant, admitted.session.clone(), ch).await
+        {
+            let r = match refusal {
+                session::SubRefusal::Denied(code, msg) => Refused {
+                    status: "403 Forbidden",
+                    extra: vec![],
+                    body: error_body(&denial_code(&code), &msg),
+                },
+                session::SubRefusal::Failed(kind) => busy(
+                    &format!("plugin_{kind}"),
+                    "the tenant's plugin failed to authorize this subscription",
+                ),
+            };
+            respond(&mut stream, r.status, &r.extra, &r.body).await;
+            return;
+        }
+    }
     let head_out = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\
                     X-Accel-Buffering: no\r\nAccess-Control-Allow-Origin: *\r\nConnection: close\r\n\r\n";
     if stream.write_all(head_out.as_bytes()).await.is_err() {
@@ -340,7 +528,7 @@ async fn server_sent_events(
         app,
         stream,
         session::SseRequest { channels, resume },
-        slot,
+        admitted,
     ));
 }
 

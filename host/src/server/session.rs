@@ -10,16 +10,20 @@
 use crate::app::App;
 use crate::fanout::queue::{Item, Wire};
 use crate::fanout::session::{QueueClose, SessionHandle};
+use crate::plugin::active::ActivePlugin;
+use crate::plugin::Session;
 use crate::proto::ws::{self, close, Assembler, FrameError, Message, Role};
 use crate::proto::{self, sse, ClientOp, ErrorCode};
 use crate::registry::now_ms;
-use crate::tenant::{ConnectionSlot, Tenant};
+use crate::server::Admitted;
+use crate::tenant::{Access, Tenant};
 use bytes::{Buf, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 /// Most bytes read from one socket before yielding to other sessions.
@@ -102,17 +106,6 @@ impl End {
     }
 }
 
-fn cancelled_end(app: &App) -> End {
-    if app.shutdown.is_cancelled() {
-        End::Close(close::GOING_AWAY, "server shutting down".into())
-    } else {
-        End::Close(
-            close::TENANT_GONE,
-            "tenant removed or its access changed".into(),
-        )
-    }
-}
-
 fn queue_end(reason: QueueClose, policy: &str) -> End {
     match reason {
         QueueClose::SlowConsumer => End::Close(
@@ -120,6 +113,11 @@ fn queue_end(reason: QueueClose, policy: &str) -> End {
             format!("slow consumer: outbound queue full (policy {policy})"),
         ),
         QueueClose::Ended => End::Close(close::NORMAL, String::new()),
+        QueueClose::GoingAway => End::Close(close::GOING_AWAY, "server shutting down".into()),
+        QueueClose::TenantGone => End::Close(
+            close::TENANT_GONE,
+            "tenant removed or its access changed".into(),
+        ),
     }
 }
 
@@ -135,21 +133,130 @@ struct WsReader {
     partial: Vec<u8>,
     assembler: Assembler,
     subs: Vec<Arc<str>>,
+    /// Who the tenant's plugin said this connection is.
+    session: Option<Arc<Session>>,
+}
+
+/// Why a subscription was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubRefusal {
+    /// The plugin (or the absence of one) said no: (code, message).
+    Denied(String, String),
+    /// The plugin failed; the subscription fails closed. Carries the error kind.
+    Failed(&'static str),
+}
+
+/// What the host can say about a subscription before asking a plugin.
+enum SubCheck {
+    Allowed,
+    Refused(SubRefusal),
+    AskPlugin(Arc<ActivePlugin>),
+}
+
+/// Public tenants, and plugins without the hook, allow everything; a
+/// "plugin" tenant without an active plugin refuses.
+fn check_subscribe(tenant: &Tenant) -> SubCheck {
+    if tenant.settings().access == Access::Public {
+        return SubCheck::Allowed;
+    }
+    match tenant.plugin() {
+        None => SubCheck::Refused(SubRefusal::Denied(
+            "no_active_plugin".into(),
+            "the tenant has no active plugin".into(),
+        )),
+        Some(p) if !p.info.hooks.authorize_subscribe => SubCheck::Allowed,
+        Some(p) => SubCheck::AskPlugin(p),
+    }
+}
+
+async fn ask_plugin(
+    tenant: &Tenant,
+    p: Arc<ActivePlugin>,
+    session: Option<Arc<Session>>,
+    channel: &str,
+) -> Result<(), SubRefusal> {
+    let session = session.unwrap_or_else(|| {
+        Arc::new(Session {
+            subject: "anonymous".into(),
+            audience: None,
+            attributes: Vec::new(),
+        })
+    });
+    match p
+        .authorize_subscribe_async(session, channel.to_string())
+        .await
+    {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(d)) => Err(SubRefusal::Denied(d.code, d.message)),
+        Err(e) => {
+            tenant
+                .metrics
+                .plugin_failure("authorize_subscribe", e.kind());
+            tracing::warn!(tenant = %tenant.id, kind = e.kind(), error = %e, "authorize-subscribe failed; subscription refused");
+            Err(SubRefusal::Failed(e.kind()))
+        }
+    }
+}
+
+/// Asks whether `session` may subscribe to `channel` (the tenant's plugin
+/// decides for "plugin" tenants).
+pub async fn authorize_subscribe(
+    tenant: &Tenant,
+    session: Option<Arc<Session>>,
+    channel: &str,
+) -> Result<(), SubRefusal> {
+    match check_subscribe(tenant) {
+        SubCheck::Allowed => Ok(()),
+        SubCheck::Refused(r) => Err(r),
+        SubCheck::AskPlugin(p) => ask_plugin(tenant, p, session, channel).await,
+    }
+}
+
+/// A subscription waiting for the plugin's answer; the reader stops
+/// decoding until it is settled, so frames keep their order.
+struct PendingSub {
+    ch: String,
+    since: Option<u64>,
+    epoch: Option<u64>,
+    id: Option<u64>,
+    plugin: Arc<ActivePlugin>,
+}
+
+/// Settles pending subscriptions one by one, decoding what followed each.
+async fn settle(
+    reader: &mut WsReader,
+    mut pending: Option<PendingSub>,
+    tenant: &Tenant,
+    handle: &Arc<SessionHandle>,
+    limits: &SessionLimits,
+) -> Result<(), End> {
+    while let Some(p) = pending.take() {
+        let verdict = ask_plugin(tenant, p.plugin.clone(), reader.session.clone(), &p.ch).await;
+        reader.complete_sub(p, verdict, tenant, handle);
+        pending = reader.resume(tenant, handle, limits)?;
+    }
+    Ok(())
 }
 
 /// Runs a WebSocket session until it ends. `early` holds bytes the client
 /// sent right after its handshake request.
-pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, slot: ConnectionSlot) {
+pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: Admitted) {
+    let Admitted { slot, session } = admitted;
     let tenant = slot.tenant.clone();
     let settings = tenant.settings();
     let limits = SessionLimits {
         max_subscriptions: settings.limits.max_subscriptions,
         max_message_bytes: settings.limits.max_message_bytes,
     };
+    let audience = session
+        .as_ref()
+        .and_then(|s| s.audience.as_deref())
+        .map(Arc::from);
     let handle = SessionHandle::new(
         Wire::Ws,
         settings.limits.queue_bytes,
         settings.limits.slow_consumer,
+        audience,
     );
     drop(settings);
     tenant.metrics.opened_ws.increment(1);
@@ -157,50 +264,68 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, slot: Conn
         partial: early,
         assembler: Assembler::default(),
         subs: Vec::new(),
+        session,
     };
     let mut out = Outbox::default();
-    let cancel = tenant.cancel_token();
+    // Shutdown, deletion and access changes close the session through its
+    // handle: no waiter of its own, no lock per frame.
+    let registration = tenant.sessions.register(&handle);
     let heartbeat = app.config.heartbeat;
     let hb = tokio::time::sleep(heartbeat);
     tokio::pin!(hb);
     let mut last_seen = Instant::now();
 
     // Bytes that arrived with the handshake are processed before waiting.
-    let mut end = if reader.partial.is_empty() {
-        None
-    } else {
-        let early = std::mem::take(&mut reader.partial);
-        reader.consume(early, &tenant, &handle, &limits).err()
+    let mut end = match reader.resume(&tenant, &handle, &limits) {
+        // Boxed: a plugin round trip is rare, and its state must not
+        // enlarge every idle session.
+        Ok(pending) => Box::pin(settle(&mut reader, pending, &tenant, &handle, &limits))
+            .await
+            .err(),
+        Err(e) => Some(e),
     };
 
     while end.is_none() {
         tokio::select! {
             biased;
             // The tenant's token is a child of the server's: one wait covers both.
-            _ = cancel.cancelled() => end = Some(cancelled_end(&app)),
-            r = stream.readable() => {
-                if r.is_err() {
-                    end = Some(End::Io);
-                } else {
+            // One readiness wait for both directions keeps the idle session small.
+            r = stream.ready(interest(&out)) => {
+                let ready = match r {
+                    Ok(ready) => ready,
+                    Err(_) => {
+                        end = Some(End::Io);
+                        continue;
+                    }
+                };
+                if ready.is_writable() && !out.is_empty() {
+                    // Once the backlog is out, send what queued meanwhile: its
+                    // wake-up may already have been used.
+                    end = flush(&stream, &mut out, &tenant)
+                        .and_then(|()| if out.is_empty() { load_and_flush(&stream, &handle, &mut out, &tenant, None) } else { Ok(()) })
+                        .err();
+                }
+                if end.is_none() && ready.is_readable() {
                     match reader.on_readable(&stream, &tenant, &handle, &limits) {
-                        Ok(true) => last_seen = Instant::now(),
-                        Ok(false) => {}
+                        Ok((got, pending)) => {
+                            if got {
+                                last_seen = Instant::now();
+                            }
+                            if pending.is_some() {
+                                end = Box::pin(settle(&mut reader, pending, &tenant, &handle, &limits)).await.err();
+                            }
+                        }
                         Err(e) => end = Some(e),
                     }
                 }
             }
-            _ = handle.woken(), if out.is_empty() => {
+            // Also while the socket is full: a close from outside must not wait for it.
+            _ = handle.woken() => {
                 if let Some(reason) = handle.close_reason() {
                     end = Some(queue_end(reason, handle.policy().as_str()));
-                } else {
+                } else if out.is_empty() {
                     end = load_and_flush(&stream, &handle, &mut out, &tenant, None).err();
                 }
-            }
-            r = stream.writable(), if !out.is_empty() => {
-                end = match r {
-                    Ok(()) => flush(&stream, &mut out, &tenant).err(),
-                    Err(_) => Some(End::Io),
-                };
             }
             _ = &mut hb => {
                 if last_seen.elapsed() > heartbeat * 2 + Duration::from_secs(5) {
@@ -221,6 +346,7 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, slot: Conn
         .subscriptions
         .decrement(reader.subs.len() as f64);
     handle.close();
+    tenant.sessions.deregister(registration);
     tenant.metrics.closed(end.label());
     tracing::debug!(tenant = %tenant.id, reason = end.label(), "websocket session ended");
     let frame = match &end {
@@ -248,6 +374,15 @@ async fn finish(mut stream: TcpStream, mut out: Outbox, last: Option<Bytes>) {
     .await;
 }
 
+/// Readable always; writable too while frames wait for socket space.
+fn interest(out: &Outbox) -> Interest {
+    if out.is_empty() {
+        Interest::READABLE
+    } else {
+        Interest::READABLE | Interest::WRITABLE
+    }
+}
+
 fn flush(stream: &TcpStream, out: &mut Outbox, tenant: &Tenant) -> Result<(), End> {
     let mut writes = 0;
     let r = out.flush(stream, &mut writes);
@@ -269,6 +404,9 @@ fn load_and_flush(
         return Ok(());
     }
     tenant.metrics.frames_sent.increment(items.len() as u64);
+    if sse.is_none() && out.is_empty() {
+        return write_direct(stream, items, out, tenant);
+    }
     let mut ids = BytesMut::new();
     let mut id_ranges = Vec::new();
     for item in items {
@@ -299,16 +437,62 @@ fn load_and_flush(
     flush(stream, out, tenant)
 }
 
+/// Writes queued WebSocket frames straight from the shared buffers with one
+/// `writev`; only what the socket did not take is copied into the outbox.
+fn write_direct(
+    stream: &TcpStream,
+    items: VecDeque<Item>,
+    out: &mut Outbox,
+    tenant: &Tenant,
+) -> Result<(), End> {
+    fn bytes(i: &Item) -> &Bytes {
+        match i {
+            Item::Msg(m) => &m.ws,
+            Item::Ctrl(b) => b,
+        }
+    }
+    let mut slices = [IoSlice::new(&[]); MAX_IOV];
+    let n = items.len().min(MAX_IOV);
+    for (slot, it) in slices.iter_mut().zip(items.iter()) {
+        *slot = IoSlice::new(bytes(it));
+    }
+    let mut written = match stream.try_write_vectored(&slices[..n]) {
+        Ok(w) => {
+            tenant.metrics.writes.increment(1);
+            w
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+        Err(_) => return Err(End::Io),
+    };
+    for it in &items {
+        let b = bytes(it);
+        if written >= b.len() {
+            written -= b.len();
+            continue;
+        }
+        let mut rest = b.clone();
+        rest.advance(written);
+        written = 0;
+        out.bufs.push_back(rest);
+    }
+    if out.is_empty() {
+        Ok(())
+    } else {
+        flush(stream, out, tenant)
+    }
+}
+
 impl WsReader {
     /// Reads what the socket has (bounded), decoding and acting on frames.
-    /// `Ok(true)` when any byte arrived.
+    /// Returns whether any byte arrived, and a subscription that waits for
+    /// the plugin (reading stops there until it is settled).
     fn on_readable(
         &mut self,
         stream: &TcpStream,
         tenant: &Tenant,
         handle: &Arc<SessionHandle>,
         limits: &SessionLimits,
-    ) -> Result<bool, End> {
+    ) -> Result<(bool, Option<PendingSub>), End> {
         let mut buf = [0u8; 4096];
         let mut total = 0;
         while total < READ_BUDGET {
@@ -316,19 +500,36 @@ impl WsReader {
                 Ok(0) => return Err(End::PeerClosed(None)),
                 Ok(n) => {
                     total += n;
-                    if self.partial.is_empty() {
-                        self.consume_slice(&mut buf[..n], tenant, handle, limits)?;
+                    let pending = if self.partial.is_empty() {
+                        self.consume_slice(&mut buf[..n], tenant, handle, limits)?
                     } else {
                         let mut joined = std::mem::take(&mut self.partial);
                         joined.extend_from_slice(&buf[..n]);
-                        self.consume(joined, tenant, handle, limits)?;
+                        self.consume(joined, tenant, handle, limits)?
+                    };
+                    if pending.is_some() {
+                        return Ok((true, pending));
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(_) => return Err(End::Io),
             }
         }
-        Ok(total > 0)
+        Ok((total > 0, None))
+    }
+
+    /// Decodes what is left in `partial` (after a settled subscription).
+    fn resume(
+        &mut self,
+        tenant: &Tenant,
+        handle: &Arc<SessionHandle>,
+        limits: &SessionLimits,
+    ) -> Result<Option<PendingSub>, End> {
+        if self.partial.is_empty() {
+            return Ok(None);
+        }
+        let data = std::mem::take(&mut self.partial);
+        self.consume(data, tenant, handle, limits)
     }
 
     fn consume(
@@ -337,14 +538,11 @@ impl WsReader {
         tenant: &Tenant,
         handle: &Arc<SessionHandle>,
         limits: &SessionLimits,
-    ) -> Result<(), End> {
-        let used = self.decode_all(&mut data, tenant, handle, limits)?;
+    ) -> Result<Option<PendingSub>, End> {
+        let (used, pending) = self.decode_all(&mut data, tenant, handle, limits)?;
         data.drain(..used);
-        self.partial = data;
-        if self.partial.is_empty() {
-            self.partial = Vec::new();
-        }
-        Ok(())
+        self.partial = if data.is_empty() { Vec::new() } else { data };
+        Ok(pending)
     }
 
     fn consume_slice(
@@ -353,22 +551,23 @@ impl WsReader {
         tenant: &Tenant,
         handle: &Arc<SessionHandle>,
         limits: &SessionLimits,
-    ) -> Result<(), End> {
-        let used = self.decode_all(data, tenant, handle, limits)?;
+    ) -> Result<Option<PendingSub>, End> {
+        let (used, pending) = self.decode_all(data, tenant, handle, limits)?;
         if used < data.len() {
             self.partial = data[used..].to_vec();
         }
-        Ok(())
+        Ok(pending)
     }
 
-    /// Decodes complete frames from the start of `data`; returns bytes used.
+    /// Decodes complete frames from the start of `data`; returns the bytes
+    /// used, stopping after a subscription that waits for the plugin.
     fn decode_all(
         &mut self,
         data: &mut [u8],
         tenant: &Tenant,
         handle: &Arc<SessionHandle>,
         limits: &SessionLimits,
-    ) -> Result<usize, End> {
+    ) -> Result<(usize, Option<PendingSub>), End> {
         let mut used = 0;
         loop {
             let head = match ws::decode_frame(
@@ -377,7 +576,7 @@ impl WsReader {
                 limits.max_message_bytes,
             ) {
                 Ok(Some(h)) => h,
-                Ok(None) => return Ok(used),
+                Ok(None) => return Ok((used, None)),
                 Err(e) => return Err(frame_error(e, tenant)),
             };
             let payload = &data[used + head.payload_start..used + head.frame_len()];
@@ -403,7 +602,11 @@ impl WsReader {
                         ),
                     );
                 }
-                Some(Message::Text(t)) => self.on_op(&t, tenant, handle, limits),
+                Some(Message::Text(t)) => {
+                    if let Some(p) = self.on_op(&t, tenant, handle, limits) {
+                        return Ok((used, Some(p)));
+                    }
+                }
             }
         }
     }
@@ -414,13 +617,13 @@ impl WsReader {
         tenant: &Tenant,
         handle: &Arc<SessionHandle>,
         limits: &SessionLimits,
-    ) {
+    ) -> Option<PendingSub> {
         let op = match proto::parse_client_op(text) {
             Ok(op) => op,
             Err(e) => {
                 tenant.metrics.client_error(e.code.as_str());
                 handle.deliver_ctrl("err", &proto::encode_err(e.id, e.code, &e.msg));
-                return;
+                return None;
             }
         };
         match op {
@@ -446,22 +649,24 @@ impl WsReader {
                         "err",
                         &proto::encode_err(id, ErrorCode::TooManySubscriptions, &msg),
                     );
-                    return;
+                    return None;
                 }
-                let history = tenant.settings().limits.history();
-                tenant.hub.subscribe(
-                    &ch,
-                    handle,
-                    since.map(|s| (s, epoch)),
-                    history,
-                    now_ms() as u64,
-                    |ep, head| {
-                        handle.deliver_ctrl("ack", &proto::encode_ack(id, Some((&ch, ep, head))));
-                    },
-                );
-                if !already {
-                    tenant.metrics.subscriptions.increment(1.0);
-                    self.subs.push(ch.into());
+                if already {
+                    self.subscribe(ch, since, epoch, id, tenant, handle);
+                    return None;
+                }
+                match check_subscribe(tenant) {
+                    SubCheck::Allowed => self.subscribe(ch, since, epoch, id, tenant, handle),
+                    SubCheck::Refused(r) => refuse_sub(r, id, tenant, handle),
+                    SubCheck::AskPlugin(plugin) => {
+                        return Some(PendingSub {
+                            ch,
+                            since,
+                            epoch,
+                            id,
+                            plugin,
+                        })
+                    }
                 }
             }
             ClientOp::Unsub { ch, id } => match self.subs.iter().position(|c| **c == *ch) {
@@ -482,6 +687,61 @@ impl WsReader {
                     );
                 }
             },
+        }
+        None
+    }
+
+    fn complete_sub(
+        &mut self,
+        p: PendingSub,
+        verdict: Result<(), SubRefusal>,
+        tenant: &Tenant,
+        handle: &Arc<SessionHandle>,
+    ) {
+        match verdict {
+            Ok(()) => self.subscribe(p.ch, p.since, p.epoch, p.id, tenant, handle),
+            Err(r) => refuse_sub(r, p.id, tenant, handle),
+        }
+    }
+
+    /// Joins the channel (replaying history when resuming) and acknowledges.
+    fn subscribe(
+        &mut self,
+        ch: String,
+        since: Option<u64>,
+        epoch: Option<u64>,
+        id: Option<u64>,
+        tenant: &Tenant,
+        handle: &Arc<SessionHandle>,
+    ) {
+        let history = tenant.settings().limits.history();
+        tenant.hub.subscribe(
+            &ch,
+            handle,
+            since.map(|s| (s, epoch)),
+            history,
+            now_ms() as u64,
+            |ep, head| {
+                handle.deliver_ctrl("ack", &proto::encode_ack(id, Some((&ch, ep, head))));
+            },
+        );
+        if !self.subs.iter().any(|c| **c == *ch) {
+            tenant.metrics.subscriptions.increment(1.0);
+            self.subs.push(ch.into());
+        }
+    }
+}
+
+fn refuse_sub(r: SubRefusal, id: Option<u64>, tenant: &Tenant, handle: &SessionHandle) {
+    match r {
+        SubRefusal::Denied(code, msg) => {
+            tenant.metrics.client_error(ErrorCode::Forbidden.as_str());
+            let msg = format!("{code}: {msg}");
+            handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::Forbidden, &msg));
+        }
+        SubRefusal::Failed(kind) => {
+            let msg = format!("the tenant's plugin failed ({kind}); try again later");
+            handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::PluginError, &msg));
         }
     }
 }
@@ -509,13 +769,20 @@ pub struct SseRequest {
 }
 
 /// Runs an SSE stream until it ends. The response head was already written.
-pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, slot: ConnectionSlot) {
+pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted: Admitted) {
+    let Admitted { slot, session } = admitted;
     let tenant = slot.tenant.clone();
     let settings = tenant.settings();
+    let audience = session
+        .as_ref()
+        .and_then(|s| s.audience.as_deref())
+        .map(Arc::from);
+    drop(session);
     let handle = SessionHandle::new(
         Wire::Sse,
         settings.limits.queue_bytes,
         settings.limits.slow_consumer,
+        audience,
     );
     let history = settings.limits.history();
     drop(settings);
@@ -543,7 +810,9 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, slot: Co
         .subscriptions
         .increment(state.channels.len() as f64);
     let mut out = Outbox::default();
-    let cancel = tenant.cancel_token();
+    // Shutdown, deletion and access changes close the session through its
+    // handle: no waiter of its own, no lock per frame.
+    let registration = tenant.sessions.register(&handle);
     let heartbeat = app.config.heartbeat;
     let hb = tokio::time::sleep(heartbeat);
     tokio::pin!(hb);
@@ -551,23 +820,25 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, slot: Co
     while end.is_none() {
         tokio::select! {
             biased;
-            _ = cancel.cancelled() => end = Some(cancelled_end(&app)),
-            r = stream.readable() => end = match r {
-                Ok(()) => discard_input(&stream).err(),
-                Err(_) => Some(End::Io),
-            },
-            _ = handle.woken(), if out.is_empty() => {
-                if let Some(reason) = handle.close_reason() {
-                    end = Some(queue_end(reason, handle.policy().as_str()));
-                } else {
-                    end = load_and_flush(&stream, &handle, &mut out, &tenant, Some(&mut state)).err();
-                }
-            }
-            r = stream.writable(), if !out.is_empty() => {
+            r = stream.ready(interest(&out)) => {
                 end = match r {
-                    Ok(()) => flush(&stream, &mut out, &tenant).err(),
+                    Ok(ready) if ready.is_writable() && !out.is_empty() => flush(&stream, &mut out, &tenant)
+                        .and_then(|()| if out.is_empty() { load_and_flush(&stream, &handle, &mut out, &tenant, Some(&mut state)) } else { Ok(()) })
+                        .err(),
+                    Ok(_) => None,
                     Err(_) => Some(End::Io),
                 };
+                if end.is_none() && r.is_ok_and(|ready| ready.is_readable()) {
+                    end = discard_input(&stream).err();
+                }
+            }
+            // Also while the socket is full: a close from outside must not wait for it.
+            _ = handle.woken() => {
+                if let Some(reason) = handle.close_reason() {
+                    end = Some(queue_end(reason, handle.policy().as_str()));
+                } else if out.is_empty() {
+                    end = load_and_flush(&stream, &handle, &mut out, &tenant, Some(&mut state)).err();
+                }
             }
             _ = &mut hb => {
                 handle.deliver_raw(Bytes::from_static(sse::HEARTBEAT));
@@ -584,6 +855,7 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, slot: Co
         .subscriptions
         .decrement(state.channels.len() as f64);
     handle.close();
+    tenant.sessions.deregister(registration);
     tenant.metrics.closed(end.label());
     // An SSE stream ends by closing; a reason travels as a last event.
     let last = match &end {
@@ -632,7 +904,15 @@ mod tests {
         let stream = TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
-        let fut = run_ws(app.clone(), stream, Vec::new(), slot);
+        let fut = run_ws(
+            app.clone(),
+            stream,
+            Vec::new(),
+            Admitted {
+                slot,
+                session: None,
+            },
+        );
         let ws = std::mem::size_of_val(&fut);
         drop(fut);
         let slot = app.capacity.acquire(&tenant).unwrap();
@@ -643,7 +923,15 @@ mod tests {
             channels: vec!["a".into()],
             resume: None,
         };
-        let sse = std::mem::size_of_val(&run_sse(app.clone(), stream, req, slot));
+        let sse = std::mem::size_of_val(&run_sse(
+            app.clone(),
+            stream,
+            req,
+            Admitted {
+                slot,
+                session: None,
+            },
+        ));
         eprintln!("session futures: ws {ws} B, sse {sse} B");
         assert!(ws <= 1024, "websocket session future is {ws} bytes");
         assert!(sse <= 1024, "sse session future is {sse} bytes");

@@ -158,6 +158,53 @@ impl Host {
             .sum()
     }
 
+    /// Uploads a component built from plugins/; returns (status, body).
+    pub async fn upload_plugin(&self, tenant: &str, bytes: Vec<u8>) -> (u16, Value) {
+        let r = self
+            .http
+            .post(self.url(&format!("/admin/v1/tenants/{tenant}/plugins")))
+            .bearer_auth(ADMIN)
+            .body(bytes)
+            .send()
+            .await
+            .unwrap();
+        let s = r.status().as_u16();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Uploads and activates a plugin; returns its version.
+    pub async fn install_plugin(&self, tenant: &str, name: &str) -> i64 {
+        let (s, v) = self.upload_plugin(tenant, plugin_wasm(name)).await;
+        assert_eq!(s, 201, "{v}");
+        let version = v["version"].as_i64().unwrap();
+        self.activate(tenant, version).await;
+        version
+    }
+
+    pub async fn activate(&self, tenant: &str, version: i64) {
+        let path = format!("/admin/v1/tenants/{tenant}/plugins/{version}/activate");
+        let (s, v) = self.admin(reqwest::Method::POST, &path, None).await;
+        assert_eq!(s, 200, "{v}");
+    }
+
+    /// Connects with a token in the query; returns the HTTP status on refusal.
+    pub async fn ws_with(&self, tenant: &str, query: &str) -> Result<Ws, (u16, Value)> {
+        let url = format!("{}?{query}", self.ws_url(tenant));
+        match tokio_tungstenite::connect_async(url).await {
+            Ok((s, _)) => Ok(Ws { s }),
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+                let status = r.status().as_u16();
+                let body = r
+                    .body()
+                    .as_ref()
+                    .and_then(|b| serde_json::from_slice(b).ok())
+                    .unwrap_or(Value::Null);
+                Err((status, body))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
     pub async fn ws(&self, tenant: &str) -> Ws {
         let (s, _) = tokio_tungstenite::connect_async(self.ws_url(tenant))
             .await
@@ -192,6 +239,15 @@ impl Host {
         }
         Sse { r, status: code }
     }
+}
+
+/// A component built by plugins/build.sh (the test script builds them).
+pub fn plugin_wasm(name: &str) -> Vec<u8> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../plugins/target/wasm32-wasip2/release")
+        .join(format!("{name}.wasm"));
+    std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; run plugins/build.sh first", path.display()))
 }
 
 pub struct Ws {

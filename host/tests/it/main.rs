@@ -4,5 +4,7 @@ mod bad_input;
 mod helpers;
 mod lifecycle;
 mod limits;
+mod plugins;
+mod plugins_hostile;
 mod pubsub;
 mod slow;

@@ -47,13 +47,18 @@ struct Claims {
 }
 
 fn deny(code: &str, message: &str) -> Denial {
-    Denial { code: code.into(), message: message.into() }
+    Denial {
+        code: code.into(),
+        message: message.into(),
+    }
 }
 
 fn verify(token: &str, secret: &[u8], now_s: u64) -> Result<Claims, Denial> {
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let mut parts = token.split('.');
-    let (Some(h), Some(p), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+    let (Some(h), Some(p), Some(s), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
         return Err(deny("invalid_token", "token is not a JWT"));
     };
     let header: Header = b64
@@ -64,12 +69,16 @@ fn verify(token: &str, secret: &[u8], now_s: u64) -> Result<Claims, Denial> {
     if header.alg != "HS256" {
         return Err(deny("invalid_token", "only HS256 tokens are accepted"));
     }
-    let sig = b64.decode(s).map_err(|_| deny("invalid_token", "bad JWT signature encoding"))?;
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).map_err(|_| deny("misconfigured", "bad secret"))?;
+    let sig = b64
+        .decode(s)
+        .map_err(|_| deny("invalid_token", "bad JWT signature encoding"))?;
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(secret).map_err(|_| deny("misconfigured", "bad secret"))?;
     mac.update(h.as_bytes());
     mac.update(b".");
     mac.update(p.as_bytes());
-    mac.verify_slice(&sig).map_err(|_| deny("invalid_token", "signature does not match"))?;
+    mac.verify_slice(&sig)
+        .map_err(|_| deny("invalid_token", "signature does not match"))?;
     let claims: Claims = b64
         .decode(p)
         .ok()
@@ -101,9 +110,13 @@ impl Plugin for JwtAuth {
         if cfg.secret.is_empty() {
             return Err(deny("misconfigured", "tenant config has no `secret`"));
         }
-        let token = req.credentials.ok_or_else(|| deny("missing_token", "no token presented"))?;
+        let token = req
+            .credentials
+            .ok_or_else(|| deny("missing_token", "no token presented"))?;
         let claims = verify(&token, cfg.secret.as_bytes(), herald_sdk::now_ms() / 1000)?;
-        let channels = claims.channels.unwrap_or_else(|| cfg.default_channels.clone());
+        let channels = claims
+            .channels
+            .unwrap_or_else(|| cfg.default_channels.clone());
         Ok(Session {
             subject: claims.sub,
             audience: claims.role,
@@ -112,11 +125,22 @@ impl Plugin for JwtAuth {
     }
 
     fn authorize_subscribe(session: Session, channel: String) -> Result<(), Denial> {
-        let patterns = session.attributes.iter().find(|(k, _)| k == "channels").map(|(_, v)| v.as_str()).unwrap_or("");
-        if patterns.lines().any(|p| matches(p, &session.subject, &channel)) {
+        let patterns = session
+            .attributes
+            .iter()
+            .find(|(k, _)| k == "channels")
+            .map(|(_, v)| v.as_str())
+            .unwrap_or("");
+        if patterns
+            .lines()
+            .any(|p| matches(p, &session.subject, &channel))
+        {
             Ok(())
         } else {
-            Err(deny("forbidden", &format!("{} may not subscribe to {channel}", session.subject)))
+            Err(deny(
+                "forbidden",
+                &format!("{} may not subscribe to {channel}", session.subject),
+            ))
         }
     }
 }

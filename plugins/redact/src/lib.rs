@@ -36,7 +36,10 @@ impl Plugin for Redact {
                 audience: Some(role.to_string()),
                 attributes: Vec::new(),
             }),
-            _ => Err(Denial { code: "invalid_token".into(), message: "unknown token".into() }),
+            _ => Err(Denial {
+                code: "invalid_token".into(),
+                message: "unknown token".into(),
+            }),
         }
     }
 

@@ -18,7 +18,10 @@ struct Tick<'a> {
 }
 
 fn symbol_ok(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 32 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    !s.is_empty()
+        && s.len() <= 32
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
 }
 
 impl Plugin for Ticker {
@@ -35,7 +38,12 @@ impl Plugin for Ticker {
         }
         match r.channel {
             Some(ch) => out.push_full(ch, r.value, Some(tick.sym), None),
-            None => out.push_full(&format!("ticks.{}", tick.sym), r.value, Some(tick.sym), None),
+            None => out.push_full(
+                &format!("ticks.{}", tick.sym),
+                r.value,
+                Some(tick.sym),
+                None,
+            ),
         }
     }
 }

@@ -24,7 +24,9 @@ fn bar(v: &Value) -> Option<(String, f64, f64, f64, u64)> {
 }
 
 fn encode((sym, last, high, low, n): (String, f64, f64, f64, u64)) -> Vec<u8> {
-    json!({"sym": sym, "last": last, "high": high, "low": low, "n": n}).to_string().into_bytes()
+    json!({"sym": sym, "last": last, "high": high, "low": low, "n": n})
+        .to_string()
+        .into_bytes()
 }
 
 impl Plugin for TickerMerge {
@@ -32,14 +34,28 @@ impl Plugin for TickerMerge {
     const HOOKS: &'static [Hook] = &[Hook::Transform, Hook::Merge];
 
     fn transform(r: &Record<'_>, out: &mut Output) {
-        let Some(b) = serde_json::from_slice::<Value>(r.value).ok().as_ref().and_then(bar) else { return };
-        let ch = r.channel.map(str::to_string).unwrap_or_else(|| format!("ticks.{}", b.0));
+        let Some(b) = serde_json::from_slice::<Value>(r.value)
+            .ok()
+            .as_ref()
+            .and_then(bar)
+        else {
+            return;
+        };
+        let ch = r
+            .channel
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("ticks.{}", b.0));
         let sym = b.0.clone();
         out.push_full(&ch, &encode(b), Some(&sym), None);
     }
 
     fn merge(_key: &str, older: &[u8], newer: &[u8]) -> Vec<u8> {
-        let parse = |b: &[u8]| serde_json::from_slice::<Value>(b).ok().as_ref().and_then(bar);
+        let parse = |b: &[u8]| {
+            serde_json::from_slice::<Value>(b)
+                .ok()
+                .as_ref()
+                .and_then(bar)
+        };
         match (parse(older), parse(newer)) {
             (Some(o), Some(n)) => encode((n.0, n.1, o.2.max(n.2), o.3.min(n.3), o.4 + n.4)),
             _ => newer.to_vec(),

@@ -1,0 +1,303 @@
+//! The plugin runtime: tenant behaviour as sandboxed WebAssembly components.
+//!
+//! Owns: the one `Engine` and `Linker` of the process, compiling components
+//! (cached by sha256), validating them, and the sandbox every call runs in:
+//! an epoch deadline set before each call, a memory cap per instance, and a
+//! deny-by-default WASI context (no files, sockets or host environment).
+//! Invariants: compilation never happens on the message path; a trap, a
+//! timeout or a malformed result fails that one call with a named
+//! [`PluginError`] and the instance is thrown away; nothing a plugin does can
+//! panic the host.
+
+pub mod active;
+pub mod batch;
+
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{Engine, ResourceLimiter, Store};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+wasmtime::component::bindgen!({
+    path: "../sdk/wit",
+    world: "plugin",
+});
+
+pub use self::herald::plugin::types::{ConnectRequest, Denial, Info, Session};
+use self::herald::plugin::types::{Hooks, Level};
+
+/// How often the epoch advances; call deadlines are counted in these ticks.
+pub const EPOCH_TICK: Duration = Duration::from_millis(1);
+
+/// Why a plugin call or upload failed; callers branch on the variant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PluginError {
+    #[error("component does not compile: {0}")]
+    Compile(String),
+    #[error("component does not instantiate: {0}")]
+    Instantiate(String),
+    #[error("plugin trapped: {0}")]
+    Trap(String),
+    #[error("plugin call exceeded its {0} ms deadline")]
+    Timeout(u64),
+    #[error("plugin exceeded its memory cap of {0} bytes")]
+    MemoryExceeded(usize),
+    #[error("{0}")]
+    BadOutput(String),
+}
+
+impl PluginError {
+    /// A short label for metrics and reason codes.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PluginError::Compile(_) => "compile",
+            PluginError::Instantiate(_) => "instantiate",
+            PluginError::Trap(_) => "trap",
+            PluginError::Timeout(_) => "timeout",
+            PluginError::MemoryExceeded(_) => "memory",
+            PluginError::BadOutput(_) => "bad_output",
+        }
+    }
+}
+
+/// The sandbox of one tenant's plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SandboxLimits {
+    pub memory_bytes: usize,
+    pub deadline: Duration,
+}
+
+/// Memory accounting for one instance, enforced by wasmtime.
+struct Limiter {
+    max: usize,
+    peak: usize,
+    hit: bool,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.max {
+            self.hit = true;
+            return Ok(false);
+        }
+        self.peak = self.peak.max(desired);
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+/// What each instance's store holds.
+pub struct StoreState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: Limiter,
+    tenant: Arc<str>,
+    config: Arc<str>,
+    /// Log lines the plugin may still write during the current call.
+    log_budget: u32,
+}
+
+impl WasiView for StoreState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+const LOGS_PER_CALL: u32 = 16;
+const LOG_LINE_MAX: usize = 1024;
+
+impl self::herald::plugin::types::Host for StoreState {}
+
+impl self::herald::plugin::host::Host for StoreState {
+    fn log(&mut self, level: Level, message: String) {
+        if self.log_budget == 0 {
+            return;
+        }
+        self.log_budget -= 1;
+        let mut m = message;
+        if m.len() > LOG_LINE_MAX {
+            let mut cut = LOG_LINE_MAX;
+            while !m.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            m.truncate(cut);
+        }
+        let tenant = &*self.tenant;
+        match level {
+            Level::Trace => tracing::trace!(tenant, plugin_log = %m),
+            Level::Debug => tracing::debug!(tenant, plugin_log = %m),
+            Level::Info => tracing::info!(tenant, plugin_log = %m),
+            Level::Warn => tracing::warn!(tenant, plugin_log = %m),
+            // A plugin's error is not data loss in the host: keep ERROR for the host's own.
+            Level::Error => tracing::warn!(tenant, plugin_log = %m, plugin_level = "error"),
+        }
+    }
+
+    fn now_ms(&mut self) -> u64 {
+        crate::registry::now_ms() as u64
+    }
+
+    fn config(&mut self) -> String {
+        self.config.to_string()
+    }
+}
+
+/// The process's engine, linker and compiled-component cache.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<StoreState>,
+    cache: Mutex<HashMap<[u8; 32], Component>>,
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    crate::app::hex(&Sha256::digest(bytes))
+}
+
+impl Runtime {
+    pub fn new() -> anyhow::Result<Arc<Runtime>> {
+        let mut cfg = wasmtime::Config::new();
+        cfg.wasm_component_model(true);
+        cfg.epoch_interruption(true);
+        cfg.concurrency_support(false);
+        let engine = Engine::new(&cfg)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        // The epoch clock: a thread that stops once the engine is gone.
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("herald-epoch".into())
+            .spawn(move || loop {
+                std::thread::sleep(EPOCH_TICK);
+                match weak.upgrade() {
+                    Some(e) => e.increment_epoch(),
+                    None => return,
+                }
+            })?;
+        Ok(Arc::new(Runtime {
+            engine,
+            linker,
+            cache: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Compiles a component (CPU-heavy: call from a blocking thread), or
+    /// returns the cached one with the same sha256.
+    pub fn compile(&self, bytes: &[u8]) -> Result<Component, PluginError> {
+        let digest: [u8; 32] = Sha256::digest(bytes).into();
+        if let Some(c) = self.cache.lock().get(&digest) {
+            return Ok(c.clone());
+        }
+        let c = Component::new(&self.engine, bytes)
+            .map_err(|e| PluginError::Compile(format!("{e:#}")))?;
+        self.cache.lock().insert(digest, c.clone());
+        Ok(c)
+    }
+
+    fn store(
+        &self,
+        tenant: &Arc<str>,
+        config: &Arc<str>,
+        limits: SandboxLimits,
+    ) -> Store<StoreState> {
+        let mut wasi = WasiCtx::builder();
+        wasi.allow_ip_name_lookup(false)
+            .allow_tcp(false)
+            .allow_udp(false);
+        let state = StoreState {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limiter: Limiter {
+                max: limits.memory_bytes,
+                peak: 0,
+                hit: false,
+            },
+            tenant: tenant.clone(),
+            config: config.clone(),
+            log_budget: LOGS_PER_CALL,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        store
+    }
+
+    /// Links a compiled component once; instances are made from the result.
+    pub fn prepare(&self, component: &Component) -> Result<PluginPre<StoreState>, PluginError> {
+        let pre = self
+            .linker
+            .instantiate_pre(component)
+            .map_err(|e| PluginError::Instantiate(format!("{e:#}")))?;
+        PluginPre::new(pre).map_err(|e| PluginError::Instantiate(format!("{e:#}")))
+    }
+}
+
+fn deadline_ticks(limits: SandboxLimits) -> u64 {
+    (limits.deadline.as_millis() as u64 / EPOCH_TICK.as_millis() as u64).max(1) + 1
+}
+
+/// Turns a wasmtime error into the named failure, looking at what the
+/// sandbox recorded.
+fn classify(e: wasmtime::Error, state: &StoreState, limits: SandboxLimits) -> PluginError {
+    if state.limiter.hit {
+        return PluginError::MemoryExceeded(limits.memory_bytes);
+    }
+    if let Some(wasmtime::Trap::Interrupt) = e.downcast_ref::<wasmtime::Trap>() {
+        return PluginError::Timeout(limits.deadline.as_millis() as u64);
+    }
+    PluginError::Trap(
+        format!("{e:#}")
+            .lines()
+            .next()
+            .unwrap_or("trap")
+            .chars()
+            .take(300)
+            .collect(),
+    )
+}
+
+/// Hooks a plugin declared, as host-side booleans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct DeclaredHooks {
+    pub authorize_connect: bool,
+    pub authorize_subscribe: bool,
+    pub transform: bool,
+    pub merge: bool,
+}
+
+impl From<Hooks> for DeclaredHooks {
+    fn from(h: Hooks) -> Self {
+        DeclaredHooks {
+            authorize_connect: h.contains(Hooks::AUTHORIZE_CONNECT),
+            authorize_subscribe: h.contains(Hooks::AUTHORIZE_SUBSCRIBE),
+            transform: h.contains(Hooks::TRANSFORM),
+            merge: h.contains(Hooks::MERGE),
+        }
+    }
+}
+
+/// What `describe` answered.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PluginInfo {
+    pub name: String,
+    pub version: String,
+    pub hooks: DeclaredHooks,
+}
