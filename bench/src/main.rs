@@ -13,6 +13,7 @@ mod hist;
 mod http;
 mod idle;
 mod opts;
+mod plugin;
 mod pool;
 mod procs;
 mod raw;
@@ -36,6 +37,8 @@ enum Cmd {
     Idle(idle::IdleArgs),
     /// Fan-out: frames per server CPU-second, latency, gaps.
     Fanout(fanout::FanoutArgs),
+    /// Plugin cost: transform per message, authorize-connect latency, connect rate with jwt-auth.
+    Plugin(plugin::PluginArgs),
     /// A process holding a share of the client connections (started by the scenarios).
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
@@ -51,6 +54,10 @@ fn main() -> anyhow::Result<()> {
         Cmd::Idle(a) => {
             let deadline = a.common.deadline();
             scenario(deadline, idle::run(a))
+        }
+        Cmd::Plugin(a) => {
+            let deadline = a.common.deadline();
+            scenario(deadline, plugin::run(a))
         }
         Cmd::Fanout(a) => {
             let deadline = a.common.deadline();

@@ -36,6 +36,8 @@ pub struct Target {
     pub kind: Kind,
     pub addr: SocketAddr,
     pub publish_key: String,
+    /// The admin token Herald was started with (empty for the raw server).
+    pub admin: String,
     guard: ChildGuard,
     log: PathBuf,
     // Dropped after `guard` (field order): the process is gone before its directory.
@@ -70,6 +72,7 @@ impl Target {
             kind: Kind::Herald,
             addr,
             publish_key: String::new(),
+            admin: admin.clone(),
             guard: ChildGuard::new("herald", child),
             log,
             _dir: dir,
@@ -113,6 +116,7 @@ impl Target {
             kind: Kind::Raw,
             addr,
             publish_key: "raw".into(),
+            admin: String::new(),
             guard: ChildGuard::new("raw-server", child),
             log,
             _dir: dir,

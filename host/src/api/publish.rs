@@ -131,14 +131,17 @@ async fn publish(
             ingest::ingest(&tenant, &records)
         }
     };
-    // Plugin calls leave the runtime's worker threads (see ActivePlugin::off_runtime).
-    let outcomes = if tenant
+    // See ActivePlugin::run for where plugin work executes. A batch is
+    // retried only when nothing of it was published: a transform is pure, but
+    // merges change held messages, so a merging plugin always runs off the
+    // runtime.
+    let outcomes = match tenant
         .plugin()
-        .is_some_and(|p| p.info.hooks.transform || p.info.hooks.merge)
+        .filter(|p| p.info.hooks.transform || p.info.hooks.merge)
     {
-        ActivePlugin::off_runtime(run).await
-    } else {
-        run()
+        Some(p) if p.info.hooks.merge => ActivePlugin::off_runtime(run).await,
+        Some(p) => p.run(move |_| run()).await,
+        None => run(),
     }
     .map_err(|e| ApiError::TransformFailed(e.kind(), e.to_string()))?;
     let mut results: Vec<serde_json::Value> = outcomes

@@ -100,6 +100,16 @@ impl Host {
         self._dir.take()
     }
 
+    /// Stops the host and starts a new one on the same registry.
+    pub async fn restart(self) -> Host {
+        let data_dir = self.data_dir.clone();
+        let dir = self.stop().await;
+        let mut opts = HostOptions::new();
+        opts.config.data_dir = data_dir;
+        opts.dir = dir;
+        spawn_with(opts).await
+    }
+
     pub async fn admin(
         &self,
         method: reqwest::Method,

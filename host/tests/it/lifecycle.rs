@@ -12,12 +12,7 @@ async fn registry_survives_restart() {
     let key = h
         .tenant(json!({"id":"keep","access":"public","config":{"a":1},"limits":{"history_size":7}}))
         .await;
-    let data_dir = h.data_dir.clone();
-    let dir = h.stop().await;
-    let mut opts = HostOptions::new();
-    opts.config.data_dir = data_dir;
-    opts.dir = dir;
-    let h = spawn_with(opts).await;
+    let h = h.restart().await;
     let (s, v) = h.admin(Method::GET, "/admin/v1/tenants/keep", None).await;
     assert_eq!(s, 200);
     assert_eq!(v["config"], json!({"a":1}));

@@ -418,12 +418,7 @@ async fn active_plugin_survives_restart() {
     let config = json!({"tokens":{"tp":"pro"},"redact_fields":["bid"]});
     let key = h.tenant(json!({"id":"r","config":config})).await;
     h.install_plugin("r", "redact").await;
-    let data_dir = h.data_dir.clone();
-    let dir = h.stop().await;
-    let mut opts = HostOptions::new();
-    opts.config.data_dir = data_dir;
-    opts.dir = dir;
-    let h = spawn_with(opts).await;
+    let h = h.restart().await;
     assert_eq!(h.ws_with("r", "token=bad").await.err().unwrap().0, 403);
     let mut ws = h.ws_with("r", "token=tp").await.ok().unwrap();
     ws.sub("q", 1).await;
