@@ -135,6 +135,16 @@ impl SessionHandle {
         self.state.lock().queue.take()
     }
 
+    /// What the writer does on a wake-up, under one lock: the close reason if
+    /// the session was closed, else everything queued.
+    pub fn take_or_close(&self) -> Result<VecDeque<Item>, QueueClose> {
+        let mut st = self.state.lock();
+        match st.closed {
+            Some(reason) => Err(reason),
+            None => Ok(st.queue.take()),
+        }
+    }
+
     pub fn queued_bytes(&self) -> usize {
         self.state.lock().queue.bytes()
     }
