@@ -59,6 +59,9 @@ pub struct ServeArgs {
     /// Seconds that sessions get to close at shutdown.
     #[arg(long, env = "HERALD_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     pub shutdown_grace_secs: u64,
+    /// Runtime worker threads (default: one per core).
+    #[arg(long, env = "HERALD_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "HERALD_LOG", default_value = "info")]
     pub log: String,

@@ -24,9 +24,11 @@ fn main() -> anyhow::Result<()> {
         ),
         Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.worker_threads {
+        rt.worker_threads(n.max(1));
+    }
+    let rt = rt.enable_all().build()?;
     rt.block_on(async move {
         let listener = herald::bind(args.listen, args.listen_backlog, args.reuse_port)
             .with_context(|| format!("binding {}", args.listen))?;
