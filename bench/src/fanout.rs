@@ -32,6 +32,8 @@ pub const REF_ONE_WRITE_FPS: f64 = 172_000.0;
 pub enum Baseline {
     /// `bench raw-server`: one write() per frame per subscriber.
     Raw,
+    /// The same Herald without the `--plugin` (its transform's cost on fan-out).
+    NoPlugin,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -62,6 +64,9 @@ pub struct FanoutArgs {
     /// Run the same scenario against a baseline server afterwards and compare.
     #[arg(long, value_enum)]
     pub baseline: Option<Baseline>,
+    /// A plugin component activated on the bench tenant (e.g. ticker_conflate.wasm).
+    #[arg(long)]
+    pub plugin: Option<std::path::PathBuf>,
     /// Longest wait after the last publish for queued frames to arrive.
     #[arg(long, default_value_t = 15.0)]
     pub drain_secs: f64,
@@ -117,11 +122,12 @@ impl Plan {
     }
 }
 
-/// `{"t":<t>,"pad":"…"}` padded to `bytes` (when `bytes` leaves room for it).
+/// `{"t":<t>,"sym":"AAPL","pad":"…"}` padded to `bytes` (when `bytes` leaves
+/// room for it); `sym` lets the ticker plugins route and key it.
 pub fn payload(t: u64, bytes: usize) -> String {
-    let bare = format!(r#"{{"t":{t},"pad":""}}"#);
+    let bare = format!(r#"{{"t":{t},"sym":"AAPL","pad":""}}"#);
     let pad = bytes.saturating_sub(bare.len());
-    format!(r#"{{"t":{t},"pad":"{}"}}"#, "x".repeat(pad))
+    format!(r#"{{"t":{t},"sym":"AAPL","pad":"{}"}}"#, "x".repeat(pad))
 }
 
 /// Sum of `delivered` (and `dropped`, raw server only) in a publish answer.
@@ -236,8 +242,11 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
     if !(args.rate > 0.0 && args.rate.is_finite()) || args.duration_secs <= 0.0 {
         bail!("--rate and --duration-secs must be positive");
     }
-    if args.baseline.is_some() && args.transport != Transport::Ws {
-        bail!("the raw baseline speaks WebSocket only; use --transport ws with --baseline");
+    if args.baseline == Some(Baseline::Raw) && args.transport != Transport::Ws {
+        bail!("the raw baseline speaks WebSocket only; use --transport ws with --baseline raw");
+    }
+    if args.baseline == Some(Baseline::NoPlugin) && args.plugin.is_none() {
+        bail!("--baseline no-plugin compares against --plugin; give the plugin");
     }
     let plan = Plan {
         channels: args.channels.max(1),
@@ -258,18 +267,37 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
         plan.batch,
         args.payload_bytes
     );
-    let herald = one(&args, &plan, Kind::Herald, deadline).await?;
+    let herald = one(&args, &plan, Kind::Herald, args.plugin.as_deref(), deadline).await?;
     print_outcome(&herald);
     let raw = match args.baseline {
         Some(Baseline::Raw) => {
-            let r = one(&args, &plan, Kind::Raw, deadline).await?;
+            let r = one(&args, &plan, Kind::Raw, None, deadline).await?;
             print_outcome(&r);
             Some(r)
         }
-        None => None,
+        _ => None,
     };
+    let bare = match args.baseline {
+        Some(Baseline::NoPlugin) => {
+            println!("herald without the plugin:");
+            let r = one(&args, &plan, Kind::Herald, None, deadline).await?;
+            print_outcome(&r);
+            Some(r)
+        }
+        _ => None,
+    };
+    let vs_bare = bare.as_ref().and_then(|b| ratio(herald.fps()?, b.fps()?));
     let vs_raw = raw.as_ref().and_then(|r| ratio(herald.fps()?, r.fps()?));
     println!("summary:");
+    if let Some(b) = &bare {
+        println!(
+            "  with plugin / without = {} (target ≥ 0.9×: {}); {} vs {} frames/CPU-s",
+            fmt_ratio(vs_bare),
+            verdict(vs_bare, 0.9, false),
+            fmt_rate(herald.fps()),
+            fmt_rate(b.fps()),
+        );
+    }
     if let Some(r) = &raw {
         println!(
             "  herald / raw one-write-per-frame = {} (target ≥ {TARGET_RATIO_TO_RAW}×: {}); raw {} vs {} frames/CPU-s",
@@ -311,6 +339,9 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
             "ratio_to_target_fps": herald.fps().and_then(|f| ratio(f, TARGET_FPS)),
             "raw_fps": raw.as_ref().and_then(|r| r.fps()),
             "ratio_to_raw": vs_raw,
+            "plugin": args.plugin.as_ref().map(|p| p.display().to_string()),
+            "no_plugin_fps": bare.as_ref().and_then(|b| b.fps()),
+            "ratio_to_no_plugin": vs_bare,
             "target_ratio_to_raw": TARGET_RATIO_TO_RAW,
         }),
     );
@@ -436,9 +467,19 @@ fn print_outcome(o: &Outcome) {
     );
 }
 
-async fn start(kind: Kind, c: &CommonArgs) -> anyhow::Result<Target> {
+async fn start(
+    kind: Kind,
+    c: &CommonArgs,
+    plugin: Option<&std::path::Path>,
+) -> anyhow::Result<Target> {
     match kind {
-        Kind::Herald => Target::herald(&c.herald, &c.herald_args).await,
+        Kind::Herald => {
+            let t = Target::herald(&c.herald, &c.herald_args).await?;
+            if let Some(p) = plugin {
+                t.install_plugin(p).await?;
+            }
+            Ok(t)
+        }
         Kind::Raw => Target::raw().await,
     }
 }
@@ -447,10 +488,11 @@ async fn one(
     args: &FanoutArgs,
     plan: &Plan,
     kind: Kind,
+    plugin: Option<&std::path::Path>,
     deadline: Instant,
 ) -> anyhow::Result<Outcome> {
     let c = &args.common;
-    let mut server = start(kind, c).await?;
+    let mut server = start(kind, c, plugin).await?;
     let left = deadline.saturating_duration_since(Instant::now());
     let spec = PoolSpec {
         target: server.addr,

@@ -96,6 +96,33 @@ impl Target {
         Ok(t)
     }
 
+    /// Uploads a plugin component to the bench tenant and activates it.
+    pub async fn install_plugin(&self, path: &Path) -> anyhow::Result<()> {
+        let wasm = std::fs::read(path)
+            .with_context(|| format!("{}: run plugins/build.sh first", path.display()))?;
+        let mut http = HttpConn::new(self.addr);
+        let r = http
+            .request(
+                "POST",
+                &format!("/admin/v1/tenants/{TENANT}/plugins"),
+                Some(&self.admin),
+                &wasm,
+            )
+            .await?;
+        if r.status != 201 {
+            bail!("uploading {}: {} {}", path.display(), r.status, r.text());
+        }
+        let version = r.json()?["version"]
+            .as_i64()
+            .context("upload answer has no version")?;
+        let path = format!("/admin/v1/tenants/{TENANT}/plugins/{version}/activate");
+        let r = http.request("POST", &path, Some(&self.admin), b"").await?;
+        if r.status != 200 {
+            bail!("activating the plugin: {} {}", r.status, r.text());
+        }
+        Ok(())
+    }
+
     /// Starts `bench raw-server` (this binary) as the baseline.
     pub async fn raw() -> anyhow::Result<Target> {
         let exe = std::env::current_exe().context("finding the bench binary")?;
