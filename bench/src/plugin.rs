@@ -298,7 +298,7 @@ pub async fn run(a: PluginArgs) -> anyhow::Result<()> {
         report::verdict(Some(us(&direct, 99.0)), 20.0, true)
     );
     println!(
-        "  as the server calls it (blocking thread): p50 {:.1} us, p99 {:.1} us",
+        "  as the server calls it (ActivePlugin::run): p50 {:.1} us, p99 {:.1} us",
         us(&hosted, 50.0),
         us(&hosted, 99.0)
     );

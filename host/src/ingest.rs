@@ -10,7 +10,7 @@
 
 use crate::fanout::conflate::{Held, HeldVariant, Offer};
 use crate::fanout::Variant;
-use crate::plugin::batch::{OutMessage, SourceRecord};
+use crate::plugin::batch::{Outputs, SourceRecord};
 use crate::plugin::PluginError;
 use crate::proto::PayloadKind;
 use crate::registry::now_ms;
@@ -25,11 +25,12 @@ pub struct Outcome {
     pub delivered: usize,
 }
 
-/// A message ready to publish: one position, one or more audience variants.
-struct Message {
-    channel: String,
-    key: Option<String>,
-    variants: Vec<HeldVariant>,
+/// A message ready to publish: one position, one or more audience variants,
+/// borrowed from the source records or the plugin's output buffer.
+struct Message<'a> {
+    channel: &'a str,
+    key: Option<&'a str>,
+    variants: Vec<Variant<'a>>,
 }
 
 fn kind_of(payload: &[u8]) -> PayloadKind {
@@ -41,14 +42,13 @@ fn kind_of(payload: &[u8]) -> PayloadKind {
 }
 
 /// Consecutive outputs of one record to one channel are variants of one message.
-fn group(outputs: Vec<OutMessage>) -> Vec<Message> {
-    let mut out: Vec<(u32, Message)> = Vec::with_capacity(outputs.len());
-    for o in outputs {
-        let kind = kind_of(&o.payload);
-        let v = HeldVariant {
-            audience: o.audience,
+fn group(outputs: &Outputs) -> Vec<Message<'_>> {
+    let mut out: Vec<(u32, Message<'_>)> = Vec::with_capacity(outputs.len());
+    for o in outputs.iter() {
+        let v = Variant {
             payload: o.payload,
-            kind,
+            kind: kind_of(o.payload),
+            audience: o.audience,
         };
         match out.last_mut() {
             Some((src, m))
@@ -71,32 +71,41 @@ fn group(outputs: Vec<OutMessage>) -> Vec<Message> {
     out.into_iter().map(|(_, m)| m).collect()
 }
 
+fn owned(v: &Variant<'_>) -> HeldVariant {
+    HeldVariant {
+        audience: v.audience.map(str::to_string),
+        payload: v.payload.to_vec(),
+        kind: v.kind,
+    }
+}
+
 /// Runs a batch through the tenant's plugin (if it transforms) and publishes it.
 /// `records` must name their channel when the tenant has no transform.
 pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outcome>, PluginError> {
     let settings = tenant.settings();
     let plugin = tenant.plugin().filter(|p| p.info.hooks.transform);
-    let messages = match &plugin {
+    let outputs = match &plugin {
         Some(p) => match p.transform(records, settings.limits.max_message_bytes) {
-            Ok(outputs) => group(outputs),
+            Ok(outputs) => Some(outputs),
             Err(e) => {
                 tenant.metrics.dead_letter(e.kind(), records.len() as u64);
                 tracing::warn!(tenant = %tenant.id, version = p.version, kind = e.kind(), error = %e, records = records.len(), "transform failed; batch dead-lettered");
                 return Err(e);
             }
         },
+        None => None,
+    };
+    let messages = match &outputs {
+        Some(o) => group(o),
         None => records
             .iter()
             .filter_map(|r| {
                 Some(Message {
-                    channel: r.channel?.to_string(),
-                    key: r
-                        .key
-                        .and_then(|k| std::str::from_utf8(k).ok())
-                        .map(str::to_string),
-                    variants: vec![HeldVariant {
+                    channel: r.channel?,
+                    key: r.key.and_then(|k| std::str::from_utf8(k).ok()),
+                    variants: vec![Variant {
                         audience: None,
-                        payload: r.value.to_vec(),
+                        payload: r.value,
                         kind: kind_of(r.value),
                     }],
                 })
@@ -107,25 +116,26 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
     let max = settings.limits.max_message_bytes;
     let now = now_ms() as u64;
     let mut outcomes = Vec::with_capacity(messages.len());
-    let mut now_publish = Vec::new();
+    let mut now_publish: Vec<Message<'_>> = Vec::new();
+    let mut overflow: Vec<Held> = Vec::new();
     {
+        // One lock for the whole batch: one window never splits a batch.
         let mut held = None;
         for m in messages {
             let key = match m.key {
-                Some(k) if settings.conflation.applies_to(&m.channel) => k,
-                key => {
-                    now_publish.push(Message { key, ..m });
+                Some(k) if settings.conflation.applies_to(m.channel) => k,
+                _ => {
+                    now_publish.push(m);
                     continue;
                 }
             };
             let conflator = held.get_or_insert_with(|| tenant.conflator.lock());
             let msg = Held {
-                channel: m.channel,
-                key,
-                variants: m.variants,
+                channel: m.channel.to_string(),
+                key: key.to_string(),
+                variants: m.variants.iter().map(owned).collect(),
                 count: 1,
             };
-            let channel = msg.channel.clone();
             let (offer, back) = conflator.offer(msg, |key, older, newer| match merge {
                 Some(p) => match p.merge(key, &older.payload, &newer.payload, max) {
                     Ok(payload) => HeldVariant { kind: kind_of(&payload), payload, audience: newer.audience },
@@ -141,26 +151,29 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
                 Offer::Conflated => tenant.metrics.window_conflated.increment(1),
                 Offer::Held => {}
                 Offer::Full => {
-                    let h = back.expect("a full conflator hands the message back");
-                    now_publish.push(Message {
-                        channel: h.channel,
-                        key: Some(h.key),
-                        variants: h.variants,
-                    });
+                    overflow.push(back.expect("a full conflator hands the message back"));
                     continue;
                 }
             }
             outcomes.push(Outcome {
-                channel,
+                channel: m.channel.to_string(),
                 seq: None,
                 delivered: 0,
             });
         }
     }
-    for m in now_publish {
-        let (seq, delivered) = publish(tenant, &m.channel, m.key.as_deref(), &m.variants, now);
+    for m in &now_publish {
+        let (seq, delivered) = publish(tenant, m.channel, m.key, &m.variants, now);
         outcomes.push(Outcome {
-            channel: m.channel,
+            channel: m.channel.to_string(),
+            seq: Some(seq),
+            delivered,
+        });
+    }
+    for h in &overflow {
+        let (seq, delivered) = publish_held(tenant, h, now);
+        outcomes.push(Outcome {
+            channel: h.channel.clone(),
             seq: Some(seq),
             delivered,
         });
@@ -172,19 +185,13 @@ fn publish(
     tenant: &Tenant,
     channel: &str,
     key: Option<&str>,
-    variants: &[HeldVariant],
+    variants: &[Variant<'_>],
     now: u64,
 ) -> (u64, usize) {
-    let v: Vec<Variant<'_>> = variants
-        .iter()
-        .map(|h| Variant {
-            payload: &h.payload,
-            kind: h.kind,
-            audience: h.audience.as_deref(),
-        })
-        .collect();
     let history = tenant.settings().limits.history();
-    let (seq, report) = tenant.hub.publish_variants(channel, key, &v, history, now);
+    let (seq, report) = tenant
+        .hub
+        .publish_variants(channel, key, variants, history, now);
     tenant.metrics.published.increment(1);
     tenant.metrics.conflated.increment(report.conflated as u64);
     tenant.metrics.dropped.increment(report.dropped as u64);
@@ -195,12 +202,25 @@ fn publish(
     (seq, report.delivered)
 }
 
+fn publish_held(tenant: &Tenant, h: &Held, now: u64) -> (u64, usize) {
+    let v: Vec<Variant<'_>> = h
+        .variants
+        .iter()
+        .map(|v| Variant {
+            payload: &v.payload,
+            kind: v.kind,
+            audience: v.audience.as_deref(),
+        })
+        .collect();
+    publish(tenant, &h.channel, Some(&h.key), &v, now)
+}
+
 /// Closes the tenant's conflation window: publishes what it held.
 pub fn flush(tenant: &Tenant) -> usize {
     let held = tenant.conflator.lock().drain();
     let now = now_ms() as u64;
     for h in &held {
-        publish(tenant, &h.channel, Some(&h.key), &h.variants, now);
+        publish_held(tenant, h, now);
     }
     held.len()
 }

@@ -7,7 +7,7 @@
 //! mark is recycled after its call; a hot swap replaces the whole
 //! `ActivePlugin`, so calls in flight finish on the version they started on.
 
-use super::batch::{self, OutMessage, SourceRecord};
+use super::batch::{self, Outputs, SourceRecord};
 use super::{
     classify, deadline_ticks, ConnectRequest, Denial, Plugin, PluginError, PluginInfo, PluginPre,
     Runtime, SandboxLimits, Session, StoreState, LOGS_PER_CALL,
@@ -150,11 +150,11 @@ impl ActivePlugin {
         &self,
         records: &[SourceRecord<'_>],
         max_payload: usize,
-    ) -> Result<Vec<OutMessage>, PluginError> {
+    ) -> Result<Outputs, PluginError> {
         let (data, meta) = batch::encode_records(records);
         let b = super::herald::plugin::types::RecordBatch { data, meta };
         let out = self.call(|s, p| p.herald_plugin_guest().call_transform(s, &b))?;
-        batch::decode_outgoing(&out.data, &out.meta, records.len(), max_payload)
+        batch::decode_outgoing(out.data, &out.meta, records.len(), max_payload)
             .map_err(|e| PluginError::BadOutput(e.to_string()))
     }
 

@@ -62,15 +62,57 @@ pub fn encode_records(records: &[SourceRecord<'_>]) -> (Vec<u8>, Vec<u64>) {
     (data, meta)
 }
 
-/// One message a plugin asked to publish.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutMessage {
-    pub channel: String,
-    pub payload: Vec<u8>,
-    pub key: Option<String>,
-    pub audience: Option<String>,
+/// One message a plugin asked to publish, borrowed from its output buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutMessage<'a> {
+    pub channel: &'a str,
+    pub payload: &'a [u8],
+    pub key: Option<&'a str>,
+    pub audience: Option<&'a str>,
     /// Index of the source record it came from.
     pub source: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Spans {
+    channel: (u32, u32),
+    payload: (u32, u32),
+    key: Option<(u32, u32)>,
+    audience: Option<(u32, u32)>,
+    source: u32,
+}
+
+/// A plugin's checked output: its buffer and where each message lies in it.
+/// Checking costs no allocation per message.
+#[derive(Debug, Default)]
+pub struct Outputs {
+    data: Vec<u8>,
+    spans: Vec<Spans>,
+}
+
+impl Outputs {
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    fn text(&self, (a, b): (u32, u32)) -> &str {
+        // Checked as UTF-8 when the output was decoded.
+        std::str::from_utf8(&self.data[a as usize..b as usize]).unwrap_or_default()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = OutMessage<'_>> {
+        self.spans.iter().map(|s| OutMessage {
+            channel: self.text(s.channel),
+            payload: &self.data[s.payload.0 as usize..s.payload.1 as usize],
+            key: s.key.map(|k| self.text(k)),
+            audience: s.audience.map(|a| self.text(a)),
+            source: s.source,
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -79,47 +121,52 @@ pub struct BadOutput(pub String);
 
 const NONE: u32 = u32::MAX;
 
-/// Checks and unpacks `herald:plugin/types.outgoing-batch`.
+/// Checks `herald:plugin/types.outgoing-batch` whole: lengths within the data
+/// and using all of it, channel names, UTF-8, sizes, source indexes.
 pub fn decode_outgoing(
-    data: &[u8],
+    data: Vec<u8>,
     meta: &[u32],
     records: usize,
     max_payload: usize,
-) -> Result<Vec<OutMessage>, BadOutput> {
+) -> Result<Outputs, BadOutput> {
     if !meta.len().is_multiple_of(5) {
         return Err(BadOutput(format!(
             "meta has {} entries, not a multiple of 5",
             meta.len()
         )));
     }
-    let mut pos = 0usize;
-    let mut take = |len: u32, what: &str, i: usize| -> Result<&[u8], BadOutput> {
+    if data.len() > u32::MAX as usize {
+        return Err(BadOutput("output larger than 4 GiB".into()));
+    }
+    let mut pos = 0u32;
+    let mut take = |len: u32, what: &str, i: usize| -> Result<(u32, u32), BadOutput> {
         let end = pos
-            .checked_add(len as usize)
-            .filter(|&e| e <= data.len())
+            .checked_add(len)
+            .filter(|&e| e as usize <= data.len())
             .ok_or_else(|| {
                 BadOutput(format!(
                     "message {i}: {what} length {len} runs past the data"
                 ))
             })?;
-        let s = &data[pos..end];
+        let span = (pos, end);
         pos = end;
-        Ok(s)
+        Ok(span)
     };
-    let text = |b: &[u8], what: &str, i: usize| -> Result<String, BadOutput> {
-        String::from_utf8(b.to_vec())
+    let text = |(a, b): (u32, u32), what: &str, i: usize| -> Result<&str, BadOutput> {
+        std::str::from_utf8(&data[a as usize..b as usize])
             .map_err(|_| BadOutput(format!("message {i}: {what} is not UTF-8")))
     };
-    let mut out = Vec::with_capacity(meta.len() / 5);
+    let mut spans = Vec::with_capacity(meta.len() / 5);
     for (i, m) in meta.chunks_exact(5).enumerate() {
-        let channel = text(take(m[0], "channel", i)?, "channel", i)?;
-        proto::validate_channel(&channel)
-            .map_err(|e| BadOutput(format!("message {i}: channel {channel:?}: {e}")))?;
-        let payload = take(m[1], "payload", i)?.to_vec();
-        if payload.len() > max_payload {
+        let channel = take(m[0], "channel", i)?;
+        let name = text(channel, "channel", i)?;
+        proto::validate_channel(name)
+            .map_err(|e| BadOutput(format!("message {i}: channel {name:?}: {e}")))?;
+        let payload = take(m[1], "payload", i)?;
+        if (payload.1 - payload.0) as usize > max_payload {
             return Err(BadOutput(format!(
                 "message {i}: payload of {} bytes exceeds {max_payload}",
-                payload.len()
+                payload.1 - payload.0
             )));
         }
         let key = match m[2] {
@@ -129,7 +176,11 @@ pub fn decode_outgoing(
                     "message {i}: conflation key must be 1-128 bytes"
                 )))
             }
-            n => Some(text(take(n, "key", i)?, "key", i)?),
+            n => {
+                let k = take(n, "key", i)?;
+                text(k, "key", i)?;
+                Some(k)
+            }
         };
         let audience = match m[3] {
             NONE => None,
@@ -138,7 +189,11 @@ pub fn decode_outgoing(
                     "message {i}: audience must be 1-64 bytes"
                 )))
             }
-            n => Some(text(take(n, "audience", i)?, "audience", i)?),
+            n => {
+                let a = take(n, "audience", i)?;
+                text(a, "audience", i)?;
+                Some(a)
+            }
         };
         if m[4] as usize >= records {
             return Err(BadOutput(format!(
@@ -146,7 +201,7 @@ pub fn decode_outgoing(
                 m[4]
             )));
         }
-        out.push(OutMessage {
+        spans.push(Spans {
             channel,
             payload,
             key,
@@ -154,13 +209,13 @@ pub fn decode_outgoing(
             source: m[4],
         });
     }
-    if pos != data.len() {
+    if pos as usize != data.len() {
         return Err(BadOutput(format!(
             "{} bytes of data left over",
-            data.len() - pos
+            data.len() - pos as usize
         )));
     }
-    Ok(out)
+    Ok(Outputs { data, spans })
 }
 
 #[cfg(test)]
@@ -222,36 +277,42 @@ mod tests {
             ("a", b"{}", Some("K"), None, 0),
             ("b", b"1", None, Some("pro"), 1),
         ]);
-        let out = decode_outgoing(&d, &m, 2, 100).unwrap();
-        assert_eq!(out[0].key.as_deref(), Some("K"));
-        assert_eq!(out[1].audience.as_deref(), Some("pro"));
-        assert_eq!(decode_outgoing(&[], &[], 0, 100).unwrap(), vec![]);
+        let out = decode_outgoing(d, &m, 2, 100).unwrap();
+        let v: Vec<_> = out.iter().collect();
+        assert_eq!(
+            (v[0].channel, v[0].payload, v[0].key),
+            ("a", &b"{}"[..], Some("K"))
+        );
+        assert_eq!((v[1].audience, v[1].source), (Some("pro"), 1));
+        assert!(decode_outgoing(Vec::new(), &[], 0, 100).unwrap().is_empty());
     }
 
     #[test]
     fn bad_output_is_refused_whole() {
-        assert!(decode_outgoing(b"short", &[3, 1_000_000, NONE, NONE, 0], 1, 100).is_err());
+        assert!(
+            decode_outgoing(b"short".to_vec(), &[3, 1_000_000, NONE, NONE, 0], 1, 100).is_err()
+        );
         let (d, m) = enc(&[("bad name", b"{}", None, None, 0)]);
-        assert!(decode_outgoing(&d, &m, 1, 100)
+        assert!(decode_outgoing(d.clone(), &m, 1, 100)
             .unwrap_err()
             .0
             .contains("channel"));
         let (d, m) = enc(&[("a", &[b'x'; 200], None, None, 0)]);
-        assert!(decode_outgoing(&d, &m, 1, 100)
+        assert!(decode_outgoing(d.clone(), &m, 1, 100)
             .unwrap_err()
             .0
             .contains("exceeds"));
         let (d, m) = enc(&[("a", b"{}", None, None, 3)]);
-        assert!(decode_outgoing(&d, &m, 1, 100)
+        assert!(decode_outgoing(d.clone(), &m, 1, 100)
             .unwrap_err()
             .0
             .contains("source index"));
         let (mut d, m) = enc(&[("a", b"{}", None, None, 0)]);
         d.push(0);
-        assert!(decode_outgoing(&d, &m, 1, 100)
+        assert!(decode_outgoing(d.clone(), &m, 1, 100)
             .unwrap_err()
             .0
             .contains("left over"));
-        assert!(decode_outgoing(b"", &[1, 2, 3], 1, 100).is_err());
+        assert!(decode_outgoing(Vec::new(), &[1, 2, 3], 1, 100).is_err());
     }
 }
