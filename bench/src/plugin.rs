@@ -112,7 +112,7 @@ fn ticks(n: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// The same work natively: parse the symbol, pick the channel, copy the payload.
+/// The same work natively: parse the symbol, keep the channel, copy the payload.
 fn native_transform(values: &[Vec<u8>]) -> usize {
     #[derive(serde::Deserialize)]
     struct Tick<'a> {
@@ -122,7 +122,7 @@ fn native_transform(values: &[Vec<u8>]) -> usize {
     let mut out = Vec::with_capacity(values.len());
     for v in values {
         if let Ok(t) = serde_json::from_slice::<Tick<'_>>(v) {
-            out.push((format!("ticks.{}", t.sym), v.clone(), t.sym.to_string()));
+            out.push(("ticks", v.clone(), t.sym.to_string()));
         }
     }
     out.len()
@@ -143,7 +143,8 @@ fn measure_transform(p: &ActivePlugin, batch: usize, secs: f64) -> anyhow::Resul
             position: 0,
             key: None,
             value: v,
-            channel: None,
+            // As HTTP publish delivers them: the publisher names the channel.
+            channel: Some("ticks"),
             headers: &[],
         })
         .collect();
