@@ -27,6 +27,18 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
+/// Session end reasons with pre-registered counters (see `server::session`).
+const CLOSE_REASONS: [&str; 8] = [
+    "peer",
+    "io_error",
+    "shutdown",
+    "tenant_gone",
+    "slow_consumer",
+    "heartbeat_timeout",
+    "too_big",
+    "protocol",
+];
+
 /// Handles for one tenant's hot-path counters.
 pub struct TenantMetrics {
     pub connections: Gauge,
@@ -41,6 +53,7 @@ pub struct TenantMetrics {
     pub disconnected: Counter,
     /// Messages absorbed by a conflation window (replaced or merged).
     pub window_conflated: Counter,
+    closed_by: [Counter; 8],
     tenant: String,
 }
 
@@ -60,6 +73,9 @@ impl TenantMetrics {
             dropped: slow("dropped"),
             disconnected: slow("disconnected"),
             window_conflated: counter!("herald_window_conflated_total", "tenant" => t.clone()),
+            closed_by: CLOSE_REASONS.map(
+                |r| counter!("herald_sessions_closed_total", "tenant" => t.clone(), "reason" => r),
+            ),
             tenant: t,
         }
     }
@@ -86,8 +102,14 @@ impl TenantMetrics {
         counter!("herald_plugin_failures_total", "tenant" => self.tenant.clone(), "hook" => hook, "kind" => kind).increment(1);
     }
 
+    /// Counts a session that ended. The usual reasons have handles made at
+    /// tenant creation: this runs once per connection.
     pub fn closed(&self, reason: &'static str) {
-        counter!("herald_sessions_closed_total", "tenant" => self.tenant.clone(), "reason" => reason).increment(1);
+        match CLOSE_REASONS.iter().position(|r| *r == reason) {
+            Some(i) => self.closed_by[i].increment(1),
+            None => counter!("herald_sessions_closed_total", "tenant" => self.tenant.clone(), "reason" => reason)
+                .increment(1),
+        }
     }
 }
 
