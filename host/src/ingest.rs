@@ -31,6 +31,12 @@ struct Message<'a> {
     channel: &'a str,
     key: Option<&'a str>,
     variants: Vec<Variant<'a>>,
+    /// The source position (outbox id); `None` for sources without one.
+    position: Option<u64>,
+}
+
+fn position(r: &SourceRecord<'_>) -> Option<u64> {
+    (r.position > 0).then_some(r.position)
 }
 
 fn kind_of(payload: &[u8]) -> PayloadKind {
@@ -42,7 +48,7 @@ fn kind_of(payload: &[u8]) -> PayloadKind {
 }
 
 /// Consecutive outputs of one record to one channel are variants of one message.
-fn group(outputs: &Outputs) -> Vec<Message<'_>> {
+fn group<'a>(outputs: &'a Outputs, records: &[SourceRecord<'_>]) -> Vec<Message<'a>> {
     let mut out: Vec<(u32, Message<'_>)> = Vec::with_capacity(outputs.len());
     for o in outputs.iter() {
         let v = Variant {
@@ -64,6 +70,7 @@ fn group(outputs: &Outputs) -> Vec<Message<'_>> {
                     channel: o.channel,
                     key: o.key,
                     variants: vec![v],
+                    position: records.get(o.source as usize).and_then(position),
                 },
             )),
         }
@@ -96,7 +103,7 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
         None => None,
     };
     let messages = match &outputs {
-        Some(o) => group(o),
+        Some(o) => group(o, records),
         None => records
             .iter()
             .filter_map(|r| {
@@ -108,6 +115,7 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
                         payload: r.value,
                         kind: kind_of(r.value),
                     }],
+                    position: position(r),
                 })
             })
             .collect(),
@@ -135,6 +143,7 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
                 key: key.to_string(),
                 variants: m.variants.iter().map(owned).collect(),
                 count: 1,
+                position: m.position,
             };
             let (offer, back) = conflator.offer(msg, |key, older, newer| match merge {
                 Some(p) => match p.merge(key, &older.payload, &newer.payload, max) {
@@ -163,10 +172,10 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
         }
     }
     for m in &now_publish {
-        let (seq, delivered) = publish(tenant, m.channel, m.key, &m.variants, now);
+        let (seq, delivered) = publish(tenant, m.channel, m.position, m.key, &m.variants, now);
         outcomes.push(Outcome {
             channel: m.channel.to_string(),
-            seq: Some(seq),
+            seq,
             delivered,
         });
     }
@@ -174,24 +183,31 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
         let (seq, delivered) = publish_held(tenant, h, now);
         outcomes.push(Outcome {
             channel: h.channel.clone(),
-            seq: Some(seq),
+            seq,
             delivered,
         });
     }
     Ok(outcomes)
 }
 
+/// Publishes one message. A position the channel already passed (the source
+/// delivered it before) publishes nothing: `(None, 0)`.
 fn publish(
     tenant: &Tenant,
     channel: &str,
+    position: Option<u64>,
     key: Option<&str>,
     variants: &[Variant<'_>],
     now: u64,
-) -> (u64, usize) {
+) -> (Option<u64>, usize) {
     let history = tenant.settings().limits.history();
-    let (seq, report) = tenant
+    let published = tenant
         .hub
-        .publish_variants(channel, key, variants, history, now);
+        .publish_at(channel, position, key, variants, history, now);
+    let Some((seq, report)) = published else {
+        tenant.metrics.duplicates.increment(1);
+        return (None, 0);
+    };
     tenant.metrics.published.increment(1);
     tenant.metrics.conflated.increment(report.conflated as u64);
     tenant.metrics.dropped.increment(report.dropped as u64);
@@ -199,10 +215,10 @@ fn publish(
         .metrics
         .disconnected
         .increment(report.disconnected as u64);
-    (seq, report.delivered)
+    (Some(seq), report.delivered)
 }
 
-fn publish_held(tenant: &Tenant, h: &Held, now: u64) -> (u64, usize) {
+fn publish_held(tenant: &Tenant, h: &Held, now: u64) -> (Option<u64>, usize) {
     let v: Vec<Variant<'_>> = h
         .variants
         .iter()
@@ -212,7 +228,7 @@ fn publish_held(tenant: &Tenant, h: &Held, now: u64) -> (u64, usize) {
             audience: v.audience.as_deref(),
         })
         .collect();
-    publish(tenant, &h.channel, Some(&h.key), &v, now)
+    publish(tenant, &h.channel, h.position, Some(&h.key), &v, now)
 }
 
 /// Closes the tenant's conflation window: publishes what it held.

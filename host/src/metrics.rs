@@ -54,6 +54,8 @@ pub struct TenantMetrics {
     /// Messages absorbed by a conflation window (replaced or merged).
     pub window_conflated: Counter,
     closed_by: [Counter; 8],
+    /// Source records whose position a channel had already passed.
+    pub duplicates: Counter,
     tenant: String,
 }
 
@@ -73,6 +75,7 @@ impl TenantMetrics {
             dropped: slow("dropped"),
             disconnected: slow("disconnected"),
             window_conflated: counter!("herald_window_conflated_total", "tenant" => t.clone()),
+            duplicates: counter!("herald_source_duplicates_total", "tenant" => t.clone()),
             closed_by: CLOSE_REASONS.map(
                 |r| counter!("herald_sessions_closed_total", "tenant" => t.clone(), "reason" => r),
             ),

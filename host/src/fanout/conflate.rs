@@ -60,6 +60,9 @@ pub struct Held {
     pub variants: Vec<HeldVariant>,
     /// How many messages this one stands for.
     pub count: u64,
+    /// The source position of the newest message it stands for, if the
+    /// source has positions.
+    pub position: Option<u64>,
 }
 
 /// Most (channel, key) pairs held per tenant.
@@ -103,6 +106,7 @@ impl Conflator {
         if let Some(&i) = self.index.get(&id) {
             let held = &mut self.order[i];
             held.count += msg.count;
+            held.position = held.position.max(msg.position);
             for v in msg.variants {
                 match held.variants.iter_mut().find(|o| o.audience == v.audience) {
                     Some(old) => *old = combine(&msg.key, old, v),
@@ -140,6 +144,7 @@ mod tests {
                 kind: PayloadKind::Json,
             }],
             count: 1,
+            position: None,
         }
     }
 

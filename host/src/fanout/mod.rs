@@ -226,11 +226,32 @@ impl Hub {
         limits: HistoryLimits,
         now_ms: u64,
     ) -> (u64, PublishReport) {
+        self.publish_at(ch, None, key, variants, limits, now_ms)
+            .expect("a position the hub assigns is always new")
+    }
+
+    /// Publishes at the source's `position` (an outbox id: every node gives
+    /// the message the same `seq`), or at the next position when `None`.
+    /// A position not above the channel's last is a duplicate: nothing is
+    /// published and `None` returned.
+    pub fn publish_at(
+        &self,
+        ch: &str,
+        position: Option<u64>,
+        key: Option<&str>,
+        variants: &[Variant<'_>],
+        limits: HistoryLimits,
+        now_ms: u64,
+    ) -> Option<(u64, PublishReport)> {
         let chan = self.channel(ch);
         let mut c = chan.lock();
         let prev = c.seq;
-        c.seq += 1;
-        let seq = c.seq;
+        let seq = match position {
+            Some(p) if p <= prev => return None,
+            Some(p) => p,
+            None => prev + 1,
+        };
+        c.seq = seq;
         let key: Option<Arc<str>> = key.map(Into::into);
         let encoded: Vec<Arc<Published>> = variants
             .iter()
@@ -262,7 +283,7 @@ impl Hub {
             c.history.extend(encoded);
         }
         c.trim(limits, now_ms);
-        (seq, report)
+        Some((seq, report))
     }
 
     /// Replays history after `since` (when given) and joins the live list.
@@ -448,6 +469,33 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&m.ws[2..]).unwrap();
         assert_eq!(v["seq"], 2);
         assert_eq!(v["prev"], 1);
+    }
+
+    #[test]
+    fn source_positions_become_seq_and_duplicates_are_dropped() {
+        let hub = Hub::default();
+        let s = session();
+        hub.subscribe("a", &s, None, LIMITS, 0, |_, _| {});
+        let v = [Variant {
+            payload: b"1",
+            kind: PayloadKind::Json,
+            audience: None,
+        }];
+        assert_eq!(
+            hub.publish_at("a", Some(10), None, &v, LIMITS, 0)
+                .map(|r| r.0),
+            Some(10)
+        );
+        assert_eq!(
+            hub.publish_at("a", Some(14), None, &v, LIMITS, 0)
+                .map(|r| r.0),
+            Some(14)
+        );
+        assert!(hub.publish_at("a", Some(14), None, &v, LIMITS, 0).is_none());
+        assert!(hub.publish_at("a", Some(3), None, &v, LIMITS, 0).is_none());
+        let items = s.take_queued();
+        let Item::Msg(m) = &items[1] else { panic!() };
+        assert_eq!((m.seq, m.prev), (14, 10));
     }
 
     #[test]
