@@ -221,6 +221,7 @@ impl App {
             updated_at_ms: now_ms(),
             active_plugin: None,
             conflation: serde_json::json!({}),
+            source: serde_json::json!({"kind": "http"}),
         };
         self.registry.create_tenant(&rec).await?;
         let settings = settings_from_record(&rec, &self.config).map_err(RegistryError::Corrupt)?;

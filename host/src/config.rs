@@ -59,6 +59,10 @@ pub struct ServeArgs {
     /// Seconds that sessions get to close at shutdown.
     #[arg(long, env = "HERALD_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     pub shutdown_grace_secs: u64,
+    /// This node's name in the registry (ingest cursors are kept per node).
+    /// Default: the host name.
+    #[arg(long, env = "HERALD_NODE_ID")]
+    pub node_id: Option<String>,
     /// Runtime worker threads (default: one per core).
     #[arg(long, env = "HERALD_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
@@ -128,6 +132,8 @@ pub struct Config {
     pub heartbeat: Duration,
     pub shutdown_grace: Duration,
     pub limits: TenantLimits,
+    /// This node's name for per-node ingest cursors.
+    pub node_id: String,
 }
 
 impl ServeArgs {
@@ -168,6 +174,15 @@ impl ServeArgs {
             max_connections: self.max_connections,
             memory_budget_bytes: self.memory_budget_mib.map(|m| m * 1024 * 1024),
             heartbeat: Duration::from_secs(self.heartbeat_secs),
+            node_id: match &self.node_id {
+                Some(n) if !n.trim().is_empty() => n.trim().to_string(),
+                Some(_) => return Err("--node-id must not be empty".into()),
+                None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .ok()
+                    .filter(|h| !h.is_empty())
+                    .unwrap_or_else(|| "herald".into()),
+            },
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             limits: TenantLimits {
                 max_connections: l.tenant_max_connections,

@@ -107,6 +107,25 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
         None => records
             .iter()
             .filter_map(|r| {
+                // Sources other than HTTP publish deliver unchecked records: a
+                // bad one is dead-lettered with its reason, the rest go on.
+                let problem = match r.channel {
+                    None => Some("the record names no channel and the tenant has no transform".to_string()),
+                    Some(ch) => match crate::proto::validate_channel(ch) {
+                        Err(e) => Some(format!("channel {ch:?}: {e}")),
+                        Ok(()) if r.value.len() > settings.limits.max_message_bytes => Some(format!(
+                            "payload of {} bytes exceeds {}",
+                            r.value.len(),
+                            settings.limits.max_message_bytes
+                        )),
+                        Ok(()) => None,
+                    },
+                };
+                if let Some(reason) = problem {
+                    tenant.metrics.dead_letter("bad_record", 1);
+                    tracing::warn!(tenant = %tenant.id, position = r.position, %reason, "record dead-lettered");
+                    return None;
+                }
                 Some(Message {
                     channel: r.channel?,
                     key: r.key.and_then(|k| std::str::from_utf8(k).ok()),

@@ -15,6 +15,7 @@ pub mod proto;
 pub mod ratelimit;
 pub mod registry;
 pub mod server;
+pub mod source;
 pub mod tenant;
 
 use anyhow::Context as _;
@@ -127,6 +128,18 @@ pub async fn run(
         plugins,
     ));
     let loaded = app.load_tenants().await.context("loading tenants")?;
+    for rec in app.registry.list_tenants().await? {
+        let Some(t) = app.tenants.get(&rec.id) else {
+            continue;
+        };
+        match serde_json::from_value::<source::SourceConfig>(rec.source) {
+            Ok(source::SourceConfig::Http) => {}
+            Ok(c) => source::start(&app, &t, c).await,
+            Err(e) => {
+                tracing::error!(tenant = %rec.id, error = %e, "stored source is invalid; the tenant ingests over HTTP only")
+            }
+        }
+    }
     if app.config.demo_tenant {
         if let Some(key) = app
             .ensure_demo_tenant()

@@ -56,6 +56,10 @@ pub struct TenantMetrics {
     closed_by: [Counter; 8],
     /// Source records whose position a channel had already passed.
     pub duplicates: Counter,
+    pub source_up: Gauge,
+    pub source_lag: Gauge,
+    pub source_records: Counter,
+    pub source_errors: Counter,
     tenant: String,
 }
 
@@ -75,6 +79,10 @@ impl TenantMetrics {
             dropped: slow("dropped"),
             disconnected: slow("disconnected"),
             window_conflated: counter!("herald_window_conflated_total", "tenant" => t.clone()),
+            source_up: gauge!("herald_source_up", "tenant" => t.clone()),
+            source_lag: gauge!("herald_source_lag", "tenant" => t.clone()),
+            source_records: counter!("herald_source_records_total", "tenant" => t.clone()),
+            source_errors: counter!("herald_source_errors_total", "tenant" => t.clone()),
             duplicates: counter!("herald_source_duplicates_total", "tenant" => t.clone()),
             closed_by: CLOSE_REASONS.map(
                 |r| counter!("herald_sessions_closed_total", "tenant" => t.clone(), "reason" => r),

@@ -183,6 +183,8 @@ pub struct Tenant {
     pub conflator: Mutex<Conflator>,
     /// When the conflation window last closed.
     pub last_flush: Mutex<Instant>,
+    /// The running ingest source and its health.
+    pub source: Mutex<crate::source::SourceSlot>,
 }
 
 pub fn key_digest(key: &str) -> [u8; 32] {
@@ -207,6 +209,7 @@ impl Tenant {
             plugin: RwLock::new(None),
             conflator: Mutex::new(Conflator::default()),
             last_flush: Mutex::new(Instant::now()),
+            source: Mutex::new(crate::source::SourceSlot::default()),
         })
     }
 
@@ -470,6 +473,20 @@ impl SessionRegistry {
         };
         for h in handles {
             h.close_with(reason);
+        }
+    }
+
+    /// Queues a control frame for every live session (source status).
+    pub fn broadcast(&self, op: &str, json: &str) {
+        let handles: Vec<Arc<SessionHandle>> = self
+            .inner
+            .lock()
+            .0
+            .iter()
+            .filter_map(|(_, w)| w.upgrade())
+            .collect();
+        for h in handles {
+            h.deliver_ctrl(op, json);
         }
     }
 

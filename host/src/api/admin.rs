@@ -7,6 +7,7 @@ use super::{parse_json, ApiError};
 use crate::app::{hex, new_secret, settings_from_record, App};
 use crate::proto;
 use crate::registry::{now_ms, TenantRecord};
+use crate::source::SourceConfig;
 use crate::tenant::{key_digest, Access, LimitOverrides, Tenant};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -23,6 +24,7 @@ pub(super) fn routes() -> Router<Arc<App>> {
         .route("/tenants", post(create).get(list))
         .route("/tenants/{tenant}", get(show).patch(update).delete(remove))
         .route("/tenants/{tenant}/publish-key", post(rotate_key))
+        .route("/tenants/{tenant}/source", get(show_source).put(set_source))
 }
 
 #[derive(Deserialize)]
@@ -112,6 +114,7 @@ async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, Ap
         updated_at_ms: now,
         active_plugin: None,
         conflation,
+        source: json!({"kind": "http"}),
     };
     let settings = settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
     app.registry.create_tenant(&rec).await?;
@@ -215,6 +218,7 @@ async fn remove(
 ) -> Result<StatusCode, ApiError> {
     app.registry.delete_tenant(&id).await?;
     if let Some(t) = app.tenants.remove(&id) {
+        crate::source::stop(&t);
         t.shut();
     }
     tracing::info!(tenant = %id, "tenant deleted");
@@ -235,4 +239,51 @@ async fn rotate_key(
         t.update(settings);
     }
     Ok(Json(json!({ "id": id, "publish_key": key })))
+}
+
+fn source_view(t: &Tenant) -> Value {
+    let slot = t.source.lock();
+    let health = serde_json::to_value(&*slot.health.lock()).unwrap_or(Value::Null);
+    json!({ "source": slot.config.redacted(), "health": health })
+}
+
+async fn show_source(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let t = app
+        .tenants
+        .get(&id)
+        .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
+    Ok(Json(source_view(&t)))
+}
+
+/// Checks the new source (reachable, table shape), stores it, then swaps the
+/// running source: the old one stops before the new one starts.
+async fn set_source(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let config: SourceConfig = parse_json(&body)?;
+    let t = app
+        .tenants
+        .get(&id)
+        .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
+    if let SourceConfig::PostgresOutbox {
+        database_url,
+        table,
+        ..
+    } = &config
+    {
+        crate::source::outbox::check(database_url, table)
+            .await
+            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    }
+    app.registry
+        .set_source(&id, &serde_json::to_value(&config).unwrap_or_default())
+        .await?;
+    crate::source::start(&app, &t, config).await;
+    tracing::info!(tenant = %id, kind = t.source.lock().config.kind(), "source changed");
+    Ok(Json(source_view(&t)))
 }

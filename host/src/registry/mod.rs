@@ -46,6 +46,9 @@ pub struct TenantRecord {
     pub active_plugin: Option<i64>,
     /// The tenant's conflation window (`{"window_ms":…,"channels":[…]}`).
     pub conflation: serde_json::Value,
+    /// The tenant's ingest source (`{"kind":"http"}` unless set; written only
+    /// through [`Registry::set_source`]).
+    pub source: serde_json::Value,
 }
 
 /// A stored plugin version (without its bytes).
@@ -62,7 +65,7 @@ pub struct PluginRecord {
 }
 
 const TENANT_COLUMNS: &str =
-    "id, access, config, limits, publish_key_sha256, created_at, updated_at, active_plugin, conflation";
+    "id, access, config, limits, publish_key_sha256, created_at, updated_at, active_plugin, conflation, source";
 
 #[derive(Clone)]
 pub struct Registry {
@@ -140,6 +143,7 @@ impl Registry {
             updated_at_ms: row.try_get("updated_at")?,
             active_plugin: row.try_get("active_plugin")?,
             conflation: json("conflation")?,
+            source: json("source")?,
         })
     }
 
@@ -321,6 +325,62 @@ impl Registry {
         if r.rows_affected() == 0 {
             return Err(RegistryError::NotFound(format!("tenant {tenant:?}")));
         }
+        Ok(())
+    }
+
+    pub async fn set_source(
+        &self,
+        tenant: &str,
+        source: &serde_json::Value,
+    ) -> Result<(), RegistryError> {
+        let r = sqlx::query("UPDATE tenants SET source = $1, updated_at = $2 WHERE id = $3")
+            .bind(source.to_string())
+            .bind(now_ms())
+            .bind(tenant)
+            .execute(&self.pool)
+            .await?;
+        if r.rows_affected() == 0 {
+            return Err(RegistryError::NotFound(format!("tenant {tenant:?}")));
+        }
+        Ok(())
+    }
+
+    /// This node's stored position in a tenant's source, if any.
+    pub async fn cursor(
+        &self,
+        tenant: &str,
+        node: &str,
+        source_key: &str,
+    ) -> Result<Option<String>, RegistryError> {
+        let row = sqlx::query(
+            "SELECT position FROM ingest_cursors WHERE tenant_id = $1 AND node_id = $2 AND source_key = $3",
+        )
+        .bind(tenant)
+        .bind(node)
+        .bind(source_key)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| r.try_get("position")).transpose()?)
+    }
+
+    pub async fn put_cursor(
+        &self,
+        tenant: &str,
+        node: &str,
+        source_key: &str,
+        position: &str,
+    ) -> Result<(), RegistryError> {
+        sqlx::query(
+            "INSERT INTO ingest_cursors (tenant_id, node_id, source_key, position, updated_at) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (tenant_id, node_id, source_key) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at",
+        )
+        .bind(tenant)
+        .bind(node)
+        .bind(source_key)
+        .bind(position)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 

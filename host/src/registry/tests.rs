@@ -15,6 +15,7 @@ fn record(id: &str) -> TenantRecord {
         updated_at_ms: 1,
         active_plugin: None,
         conflation: serde_json::json!({}),
+        source: serde_json::json!({"kind": "http"}),
     }
 }
 
@@ -83,6 +84,35 @@ async fn exercise(reg: &Registry, prefix: &str) {
     ));
     reg.delete_tenant(&b.id).await.unwrap();
     assert!(reg.list_plugins(&b.id).await.unwrap().is_empty());
+
+    // Sources and per-node cursors.
+    let c = record(&format!("{prefix}c"));
+    reg.create_tenant(&c).await.unwrap();
+    assert_eq!(
+        reg.get_tenant(&c.id).await.unwrap().source,
+        serde_json::json!({"kind": "http"})
+    );
+    let src = serde_json::json!({"kind": "postgres_outbox", "table": "t"});
+    reg.set_source(&c.id, &src).await.unwrap();
+    assert_eq!(reg.get_tenant(&c.id).await.unwrap().source, src);
+    assert_eq!(reg.cursor(&c.id, "n1", "outbox:t").await.unwrap(), None);
+    reg.put_cursor(&c.id, "n1", "outbox:t", "41").await.unwrap();
+    reg.put_cursor(&c.id, "n1", "outbox:t", "42").await.unwrap();
+    reg.put_cursor(&c.id, "n2", "outbox:t", "7").await.unwrap();
+    assert_eq!(
+        reg.cursor(&c.id, "n1", "outbox:t")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("42")
+    );
+    assert_eq!(
+        reg.cursor(&c.id, "n2", "outbox:t")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("7")
+    );
 
     let key = format!("{prefix}k");
     assert_eq!(reg.get_setting(&key).await.unwrap(), None);

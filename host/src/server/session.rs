@@ -270,6 +270,9 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
     // Shutdown, deletion and access changes close the session through its
     // handle: no waiter of its own, no lock per frame.
     let registration = tenant.sessions.register(&handle);
+    if let Some(status) = crate::source::status_for_new_session(&tenant) {
+        handle.deliver_ctrl("status", &status);
+    }
     let heartbeat = app.config.heartbeat;
     let hb = tokio::time::sleep(heartbeat);
     tokio::pin!(hb);
@@ -841,6 +844,9 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
     // Shutdown, deletion and access changes close the session through its
     // handle: no waiter of its own, no lock per frame.
     let registration = tenant.sessions.register(&handle);
+    if let Some(status) = crate::source::status_for_new_session(&tenant) {
+        handle.deliver_ctrl("status", &status);
+    }
     let heartbeat = app.config.heartbeat;
     let hb = tokio::time::sleep(heartbeat);
     tokio::pin!(hb);

@@ -4,6 +4,7 @@ mod bad_input;
 mod helpers;
 mod lifecycle;
 mod limits;
+mod outbox;
 mod plugins;
 mod plugins_hostile;
 mod pubsub;

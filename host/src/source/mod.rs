@@ -1,0 +1,275 @@
+//! Ingest sources: where a tenant's records come from, and their health.
+//!
+//! Owns: the source configuration a tenant chose (`http`, `postgres_outbox`),
+//! starting and stopping the task that reads it, and the health every source
+//! reports (state, last record, lag, errors). Invariants: one source task per
+//! tenant; changing the source stops the old task before the new one starts;
+//! a change of state (live ↔ stalled) reaches every session of the tenant as
+//! a `status` frame, and a session that connects while the source is stalled
+//! learns it at once — "connected but silent" is always visible.
+
+pub mod outbox;
+
+use crate::app::App;
+use crate::proto;
+use crate::registry::now_ms;
+use crate::tenant::Tenant;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// What a tenant reads from, as set by `PUT /admin/v1/tenants/{t}/source`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SourceConfig {
+    /// Only `POST /v1/t/{t}/publish`.
+    #[default]
+    Http,
+    /// Tail an outbox table (shape in migrations/outbox/herald_outbox.sql).
+    PostgresOutbox {
+        database_url: String,
+        table: String,
+        /// Rows read per query (default 1000).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch_size: Option<u32>,
+        /// Safety-net polling interval when no NOTIFY arrives (default 1000 ms).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        poll_ms: Option<u64>,
+    },
+}
+
+impl SourceConfig {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SourceConfig::Http => "http",
+            SourceConfig::PostgresOutbox { .. } => "postgres_outbox",
+        }
+    }
+
+    /// The configuration with credentials removed, for API answers and logs.
+    pub fn redacted(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        if let SourceConfig::PostgresOutbox { database_url, .. } = self {
+            v["database_url"] = serde_json::Value::String(redact_url(database_url));
+        }
+        v
+    }
+}
+
+/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((creds, host)) => match creds.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+/// A source's state as clients see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceState {
+    Starting,
+    Live,
+    Stalled,
+}
+
+impl SourceState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceState::Starting => "starting",
+            SourceState::Live => "live",
+            SourceState::Stalled => "stalled",
+        }
+    }
+}
+
+/// What a source reports about itself.
+#[derive(Debug, Clone, Serialize)]
+pub struct Health {
+    pub kind: &'static str,
+    pub state: SourceState,
+    /// When the current state began (ms since the Unix epoch).
+    pub since_ms: u64,
+    pub last_record_ms: Option<u64>,
+    /// Records the source holds beyond this node's position.
+    pub lag: Option<u64>,
+    /// This node's position in the source.
+    pub position: Option<String>,
+    pub records: u64,
+    pub errors: u64,
+    pub last_error: Option<String>,
+}
+
+impl Health {
+    fn new(kind: &'static str) -> Health {
+        Health {
+            kind,
+            state: if kind == "http" {
+                SourceState::Live
+            } else {
+                SourceState::Starting
+            },
+            since_ms: now_ms() as u64,
+            last_record_ms: None,
+            lag: None,
+            position: None,
+            records: 0,
+            errors: 0,
+            last_error: None,
+        }
+    }
+}
+
+/// The running source of a tenant.
+pub struct SourceSlot {
+    pub config: SourceConfig,
+    pub health: Arc<Mutex<Health>>,
+    stop: CancellationToken,
+    done: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Default for SourceSlot {
+    fn default() -> Self {
+        SourceSlot {
+            config: SourceConfig::Http,
+            health: Arc::new(Mutex::new(Health::new("http"))),
+            stop: CancellationToken::new(),
+            done: None,
+        }
+    }
+}
+
+/// The `status` frame for the tenant's current source state.
+pub fn status_json(h: &Health) -> String {
+    proto::encode_status(h.kind, h.state.as_str(), h.since_ms)
+}
+
+/// Sets the state; on a change, tells every session of the tenant.
+pub fn set_state(
+    tenant: &Tenant,
+    health: &Mutex<Health>,
+    state: SourceState,
+    error: Option<String>,
+) {
+    let json = {
+        let mut h = health.lock();
+        if let Some(e) = error {
+            h.errors += 1;
+            h.last_error = Some(e);
+            tenant.metrics.source_errors.increment(1);
+        }
+        if h.state == state {
+            return;
+        }
+        // "starting" → "live" is not news for clients; anything else is.
+        let announce = !(h.state == SourceState::Starting && state == SourceState::Live);
+        h.state = state;
+        h.since_ms = now_ms() as u64;
+        tenant
+            .metrics
+            .source_up
+            .set(if state == SourceState::Live { 1.0 } else { 0.0 });
+        if !announce {
+            return;
+        }
+        status_json(&h)
+    };
+    match state {
+        SourceState::Stalled => {
+            tracing::warn!(tenant = %tenant.id, "source stalled; subscribers are told")
+        }
+        _ => {
+            tracing::info!(tenant = %tenant.id, state = state.as_str(), "source state changed; subscribers are told")
+        }
+    }
+    tenant.sessions.broadcast("status", &json);
+}
+
+/// Starts the tenant's source task (stopping the one before), on the app's tracker.
+pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
+    let previous = {
+        let mut slot = tenant.source.lock();
+        slot.stop.cancel();
+        slot.done.take()
+    };
+    if let Some(task) = previous {
+        // The old reader stops between batches; never two at once.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), task).await;
+    }
+    let health = Arc::new(Mutex::new(Health::new(config.kind())));
+    let stop = app.shutdown.child_token();
+    let done = match &config {
+        SourceConfig::Http => {
+            tenant.metrics.source_up.set(1.0);
+            None
+        }
+        SourceConfig::PostgresOutbox { .. } => {
+            let reader = outbox::Reader::new(
+                app.clone(),
+                tenant.clone(),
+                config.clone(),
+                health.clone(),
+                stop.clone(),
+            );
+            Some(app.tracker.spawn(reader.run()))
+        }
+    };
+    let mut slot = tenant.source.lock();
+    // A session connected while the old source was stalled must not keep
+    // believing it: the new source starts fresh.
+    let was_stalled = slot.health.lock().state == SourceState::Stalled;
+    *slot = SourceSlot {
+        config,
+        health,
+        stop,
+        done,
+    };
+    if was_stalled {
+        let json = status_json(&slot.health.lock());
+        drop(slot);
+        tenant.sessions.broadcast("status", &json);
+    }
+}
+
+/// Stops the tenant's source (deletion, shutdown).
+pub fn stop(tenant: &Tenant) {
+    tenant.source.lock().stop.cancel();
+}
+
+/// The `status` frame a new session gets when the source is not live.
+pub fn status_for_new_session(tenant: &Tenant) -> Option<String> {
+    let slot = tenant.source.lock();
+    let h = slot.health.lock();
+    (h.state == SourceState::Stalled).then(|| status_json(&h))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_parse_and_redact() {
+        let c: SourceConfig = serde_json::from_str(
+            r#"{"kind":"postgres_outbox","database_url":"postgres://u:pw@h:5/db","table":"herald_outbox"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.kind(), "postgres_outbox");
+        assert_eq!(c.redacted()["database_url"], "postgres://u:***@h:5/db");
+        assert_eq!(
+            serde_json::from_str::<SourceConfig>(r#"{"kind":"http"}"#).unwrap(),
+            SourceConfig::Http
+        );
+        let e = serde_json::from_str::<SourceConfig>(r#"{"kind":"postgres_outbox","table":"t"}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("database_url"), "{e}");
+        assert!(serde_json::from_str::<SourceConfig>(r#"{"kind":"carrier_pigeon"}"#).is_err());
+        assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
+    }
+}

@@ -1,0 +1,366 @@
+//! The postgres_outbox source against the throwaway Postgres the test script
+//! starts: committed and rolled-back transactions, restart without loss or
+//! duplicates, and a database outage that subscribers see as stalled/live.
+
+use crate::helpers::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+fn pg_url() -> Option<String> {
+    match std::env::var("HERALD_TEST_POSTGRES_URL") {
+        Ok(u) => Some(u),
+        Err(_) => {
+            assert!(
+                std::env::var("HERALD_REQUIRE_POSTGRES").is_err(),
+                "Postgres required but not configured"
+            );
+            eprintln!("skipping: HERALD_TEST_POSTGRES_URL not set");
+            None
+        }
+    }
+}
+
+/// Creates an outbox table from the shipped migration, under its own name.
+async fn outbox_table(url: &str) -> (PgPool, String) {
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(url)
+        .await
+        .unwrap();
+    let name = format!("ob_{}", rand::random::<u32>());
+    let sql = include_str!("../../../migrations/outbox/herald_outbox.sql")
+        .replace("herald_outbox", &name)
+        .replace(&format!("pg_notify('{name}'"), "pg_notify('herald_outbox'");
+    sqlx::raw_sql(&sql).execute(&pool).await.unwrap();
+    (pool, name)
+}
+
+async fn insert(pool: &PgPool, table: &str, channel: &str, payload: Value) -> i64 {
+    sqlx::query_scalar(&format!(
+        "INSERT INTO {table} (channel, payload) VALUES ($1, $2::jsonb) RETURNING id"
+    ))
+    .bind(channel)
+    .bind(payload.to_string())
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn set_source(h: &Host, tenant: &str, url: &str, table: &str) -> (u16, Value) {
+    let body = json!({"kind":"postgres_outbox","database_url":url,"table":table,"poll_ms":200});
+    h.admin(
+        Method::PUT,
+        &format!("/admin/v1/tenants/{tenant}/source"),
+        Some(body),
+    )
+    .await
+}
+
+async fn wait_live(h: &Host, tenant: &str) {
+    for _ in 0..100 {
+        let (_, v) = h
+            .admin(
+                Method::GET,
+                &format!("/admin/v1/tenants/{tenant}/source"),
+                None,
+            )
+            .await;
+        if v["health"]["state"] == "live" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("source did not become live");
+}
+
+/// Messages until `n` `msg` frames arrived; returns them (status frames kept apart).
+async fn msgs(ws: &mut Ws, n: usize) -> Vec<Value> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let m = ws.next().await;
+        if m["op"] == "msg" {
+            out.push(m);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn outbox_delivers_committed_rows_in_order() {
+    let Some(url) = pg_url() else { return };
+    let (pool, table) = outbox_table(&url).await;
+    let h = spawn_host().await;
+    h.public_tenant("ob").await;
+
+    // Bad configurations are refused with the reason.
+    let (s, v) = set_source(&h, "ob", &url, "no_such_table").await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no_such_table"),
+        "{v}"
+    );
+    let (s, v) = set_source(&h, "ob", "postgres://postgres@127.0.0.1:1/x", &table).await;
+    assert_eq!(s, 400);
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("connect"),
+        "{v}"
+    );
+    let (s, v) = set_source(&h, "ob", &url, "x; DROP TABLE y").await;
+    assert_eq!(s, 400, "{v}");
+
+    let (s, v) = set_source(&h, "ob", &url, &table).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(!v["source"]["database_url"]
+        .as_str()
+        .unwrap()
+        .contains("@127.0.0.1:1/"));
+    wait_live(&h, "ob").await;
+    let mut ws = h.ws("ob").await;
+    ws.sub("orders", 1).await;
+
+    let mut tx = pool.begin().await.unwrap();
+    for i in 1..=3 {
+        sqlx::query(&format!(
+            "INSERT INTO {table} (channel, key, payload) VALUES ('orders', 'k', $1::jsonb)"
+        ))
+        .bind(json!({"n": i}).to_string())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {table} (channel, payload) VALUES ('orders', '{{\"n\":\"rolled back\"}}')"
+    ))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    insert(&pool, &table, "bad channel name", json!({"n": "bad"})).await;
+    sqlx::query(&format!("INSERT INTO {table} (channel, payload_bytes, headers) VALUES ('orders', $1, '{{\"h\":\"v\"}}')"))
+        .bind(vec![0u8, 255, 10])
+        .execute(&pool)
+        .await
+        .unwrap();
+    let last = insert(&pool, &table, "orders", json!({"n": 5})).await;
+
+    let got = msgs(&mut ws, 5).await;
+    let data: Vec<Value> = got.iter().map(|m| m["data"].clone()).collect();
+    assert_eq!(data[..3], [json!({"n":1}), json!({"n":2}), json!({"n":3})]);
+    assert_eq!(
+        (data[3].as_str(), got[3]["enc"].as_str()),
+        (Some("AP8K"), Some("base64"))
+    );
+    assert_eq!(data[4], json!({"n":5}));
+    // seq is the outbox id; prev links each message to the one before.
+    let seqs: Vec<u64> = got.iter().map(|m| m["seq"].as_u64().unwrap()).collect();
+    assert_eq!(*seqs.last().unwrap(), last as u64);
+    for w in got.windows(2) {
+        assert_eq!(w[1]["prev"], w[0]["seq"]);
+    }
+    assert!(
+        h.metric("herald_plugin_dead_letters_total{tenant=\"ob\",kind=\"bad_record\"}")
+            .await
+            >= 1.0
+    );
+    let mut health = Value::Null;
+    for _ in 0..40 {
+        health = h
+            .admin(Method::GET, "/admin/v1/tenants/ob/source", None)
+            .await
+            .1["health"]
+            .clone();
+        if health["position"] == json!(last.to_string()) && health["lag"] == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        (health["position"].clone(), health["lag"].clone()),
+        (json!(last.to_string()), json!(0)),
+        "{health}"
+    );
+    // Back to HTTP: the outbox reader stops, nothing else changes.
+    let (s, _) = h
+        .admin(
+            Method::PUT,
+            "/admin/v1/tenants/ob/source",
+            Some(json!({"kind":"http"})),
+        )
+        .await;
+    assert_eq!(s, 200);
+    insert(&pool, &table, "orders", json!({"n": "after switch"})).await;
+    ws.send(json!({"op":"ping","id":9})).await;
+    assert_eq!(
+        ws.next().await["op"],
+        "pong",
+        "no outbox row after switching to http"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn outbox_resumes_after_restart_without_loss_or_duplicates() {
+    let Some(url) = pg_url() else { return };
+    let (pool, table) = outbox_table(&url).await;
+    let h = spawn_host().await;
+    h.public_tenant("ob").await;
+    assert_eq!(set_source(&h, "ob", &url, &table).await.0, 200);
+    wait_live(&h, "ob").await;
+    let mut ws = h.ws("ob").await;
+    ws.sub("c", 1).await;
+    let a = insert(&pool, &table, "c", json!(1)).await;
+    let b = insert(&pool, &table, "c", json!(2)).await;
+    let got = msgs(&mut ws, 2).await;
+    assert_eq!(
+        (got[0]["seq"].as_i64(), got[1]["seq"].as_i64()),
+        (Some(a), Some(b))
+    );
+    drop(ws);
+    let h2 = {
+        let dir = h.data_dir.clone();
+        let stopped = h.stop().await;
+        // Written while no Herald runs.
+        let mut ids = Vec::new();
+        for i in 3..=5 {
+            ids.push(insert(&pool, &table, "c", json!(i)).await);
+        }
+        let mut opts = HostOptions::new();
+        opts.config.data_dir = dir;
+        opts.dir = stopped;
+        (spawn_with(opts).await, ids)
+    };
+    let (h, ids) = h2;
+    let mut ws = h.ws("ob").await;
+    // Resume after the last position seen: the rows written while down
+    // arrive (from history or live), each once.
+    ws.send(json!({"op":"sub","ch":"c","since":b,"id":1})).await;
+    let mut seqs = Vec::new();
+    while seqs.len() < 3 {
+        let m = ws.next().await;
+        if m["op"] == "msg" {
+            seqs.push(m["seq"].as_i64().unwrap());
+        }
+    }
+    assert_eq!(seqs, ids);
+    let after = insert(&pool, &table, "c", json!(6)).await;
+    let m = msgs(&mut ws, 1).await;
+    assert_eq!(
+        (m[0]["seq"].as_i64(), m[0]["prev"].as_i64()),
+        (Some(after), Some(ids[2]))
+    );
+    h.stop().await;
+}
+
+/// A TCP proxy to Postgres that the test can cut and restore.
+struct Proxy {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(port: u16, upstream: std::net::SocketAddr) -> Proxy {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            let conns = Arc::new(parking_lot::Mutex::new(Vec::new()));
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                let c = tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                conns.lock().push(AbortOnDrop(c));
+            }
+        });
+        Proxy { port, task }
+    }
+
+    fn cut(self) -> u16 {
+        self.task.abort();
+        self.port
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn next_status(ws: &mut Ws, within: Duration) -> Value {
+    tokio::time::timeout(within, async {
+        loop {
+            let m = ws.next().await;
+            if m["op"] == "status" {
+                return m;
+            }
+        }
+    })
+    .await
+    .expect("status frame within the deadline")
+}
+
+#[tokio::test]
+async fn outbox_outage_is_pushed_as_stalled_then_live() {
+    let Some(url) = pg_url() else { return };
+    let (pool, table) = outbox_table(&url).await;
+    let u = url.strip_prefix("postgres://").unwrap();
+    let (creds, rest) = u.split_once('@').unwrap();
+    let (hostport, db) = rest.split_once('/').unwrap();
+    let upstream: std::net::SocketAddr = hostport.parse().unwrap();
+    let proxy = Proxy::start(0, upstream).await;
+    let via_proxy = format!("postgres://{creds}@127.0.0.1:{}/{db}", proxy.port);
+
+    let h = spawn_host().await;
+    h.public_tenant("ob").await;
+    assert_eq!(set_source(&h, "ob", &via_proxy, &table).await.0, 200);
+    wait_live(&h, "ob").await;
+    let mut ws = h.ws("ob").await;
+    ws.sub("c", 1).await;
+    let first = insert(&pool, &table, "c", json!("before")).await;
+    assert_eq!(msgs(&mut ws, 1).await[0]["seq"].as_i64(), Some(first));
+
+    let port = proxy.cut();
+    let stalled = next_status(&mut ws, Duration::from_secs(3)).await;
+    assert_eq!(
+        (stalled["source"].as_str(), stalled["state"].as_str()),
+        (Some("postgres_outbox"), Some("stalled"))
+    );
+    // A client that connects during the outage is told at once.
+    let mut late = h.ws("ob").await;
+    assert_eq!(late.next().await["state"], "stalled");
+    let during: Vec<i64> = vec![
+        insert(&pool, &table, "c", json!("during 1")).await,
+        insert(&pool, &table, "c", json!("during 2")).await,
+    ];
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let _proxy = Proxy::start(port, upstream).await;
+    let live = next_status(&mut ws, Duration::from_secs(4)).await;
+    assert_eq!(live["state"], "live");
+    let after = insert(&pool, &table, "c", json!("after")).await;
+    let got = msgs(&mut ws, 3).await;
+    let seqs: Vec<i64> = got.iter().map(|m| m["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, [during[0], during[1], after]);
+    assert_eq!(
+        got[0]["prev"].as_i64(),
+        Some(first),
+        "no gap across the outage"
+    );
+    h.stop().await;
+}
