@@ -270,15 +270,27 @@ async fn set_source(
         .tenants
         .get(&id)
         .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
-    if let SourceConfig::PostgresOutbox {
-        database_url,
-        table,
-        ..
-    } = &config
-    {
-        crate::source::outbox::check(database_url, table)
+    match &config {
+        SourceConfig::Http => {}
+        SourceConfig::PostgresOutbox {
+            database_url,
+            table,
+            ..
+        } => crate::source::outbox::check(database_url, table)
             .await
-            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+            .map_err(|e| ApiError::BadRequest(e.to_string()))?,
+        SourceConfig::Kafka {
+            brokers,
+            topics,
+            channel_from,
+            ..
+        } => {
+            crate::source::kafka::ChannelFrom::parse(channel_from.as_deref())
+                .map_err(ApiError::BadRequest)?;
+            crate::source::kafka::check(brokers, topics)
+                .await
+                .map_err(ApiError::BadRequest)?
+        }
     }
     app.registry
         .set_source(&id, &serde_json::to_value(&config).unwrap_or_default())

@@ -8,6 +8,7 @@
 //! a `status` frame, and a session that connects while the source is stalled
 //! learns it at once — "connected but silent" is always visible.
 
+pub mod kafka;
 pub mod outbox;
 
 use crate::app::App;
@@ -37,6 +38,18 @@ pub enum SourceConfig {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         poll_ms: Option<u64>,
     },
+    /// Read every partition of `topics` (a broadcast consumer).
+    Kafka {
+        /// `bootstrap.servers`
+        brokers: String,
+        topics: Vec<String>,
+        /// "latest" (default), "earliest", or a timestamp in ms.
+        #[serde(default)]
+        start: kafka::KafkaStart,
+        /// Without a transform: "header:<name>" (default "header:channel"), "key" or "topic".
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        channel_from: Option<String>,
+    },
 }
 
 impl SourceConfig {
@@ -44,6 +57,7 @@ impl SourceConfig {
         match self {
             SourceConfig::Http => "http",
             SourceConfig::PostgresOutbox { .. } => "postgres_outbox",
+            SourceConfig::Kafka { .. } => "kafka",
         }
     }
 
@@ -212,6 +226,16 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
         }
         SourceConfig::PostgresOutbox { .. } => {
             let reader = outbox::Reader::new(
+                app.clone(),
+                tenant.clone(),
+                config.clone(),
+                health.clone(),
+                stop.clone(),
+            );
+            Some(app.tracker.spawn(reader.run()))
+        }
+        SourceConfig::Kafka { .. } => {
+            let reader = kafka::Reader::new(
                 app.clone(),
                 tenant.clone(),
                 config.clone(),

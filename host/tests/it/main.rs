@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod helpers;
+mod kafka;
 mod lifecycle;
 mod limits;
 mod outbox;
