@@ -11,3 +11,4 @@ $bench idle --smoke --transport sse --no-record --deadline-secs 30
 $bench fanout --smoke --baseline raw --no-record --deadline-secs 30
 $bench fanout --smoke --channels 10 --subs-per-conn 3 --batch 5 --no-record --deadline-secs 30
 $bench plugin --smoke --no-record --deadline-secs 60
+$bench ingest --source kafka --smoke --no-record --deadline-secs 60

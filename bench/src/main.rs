@@ -12,6 +12,7 @@ mod fanout;
 mod hist;
 mod http;
 mod idle;
+mod ingest;
 mod opts;
 mod plugin;
 mod pool;
@@ -37,6 +38,8 @@ enum Cmd {
     Idle(idle::IdleArgs),
     /// Fan-out: frames per server CPU-second, latency, gaps.
     Fanout(fanout::FanoutArgs),
+    /// Ingest: Kafka or outbox records to subscribers (throughput, latency).
+    Ingest(ingest::IngestArgs),
     /// Plugin cost: transform per message, authorize-connect latency, connect rate with jwt-auth.
     Plugin(plugin::PluginArgs),
     /// A process holding a share of the client connections (started by the scenarios).
@@ -54,6 +57,10 @@ fn main() -> anyhow::Result<()> {
         Cmd::Idle(a) => {
             let deadline = a.common.deadline();
             scenario(deadline, idle::run(a))
+        }
+        Cmd::Ingest(a) => {
+            let deadline = a.common.deadline();
+            scenario(deadline, ingest::run(a))
         }
         Cmd::Plugin(a) => {
             let deadline = a.common.deadline();
