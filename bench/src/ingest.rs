@@ -9,6 +9,7 @@
 //!   a Postgres you name (`--database-url`; the test script's throwaway
 //!   cluster works) reach a subscriber; figures: rows delivered per second and
 //!   insert-to-client latency percentiles.
+//!
 //! One in-process WebSocket subscriber counts deliveries; loopback only;
 //! every Herald is stopped by its guard.
 
@@ -65,16 +66,13 @@ pub struct IngestArgs {
 /// A WebSocket subscriber counting `msg` frames and their latency from `t`.
 struct Subscriber {
     count: Arc<AtomicU64>,
-    hist: Arc<parking_lot_free::Hist>,
+    hist: Arc<SharedHist>,
     task: tokio::task::JoinHandle<()>,
 }
 
-mod parking_lot_free {
-    //! A histogram behind a std mutex (the bench has no other lock crate).
-    use crate::hist::Histogram;
-    #[derive(Default)]
-    pub struct Hist(pub std::sync::Mutex<Histogram>);
-}
+/// The subscriber's histogram, shared with the scenario that reports it.
+#[derive(Default)]
+struct SharedHist(std::sync::Mutex<Histogram>);
 
 async fn subscribe(addr: SocketAddr, tenant: &str, channel: &str) -> anyhow::Result<Subscriber> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
@@ -110,7 +108,7 @@ async fn subscribe(addr: SocketAddr, tenant: &str, channel: &str) -> anyhow::Res
     ))
     .await?;
     let count = Arc::new(AtomicU64::new(0));
-    let hist = Arc::new(parking_lot_free::Hist::default());
+    let hist = Arc::new(SharedHist::default());
     let (c, h) = (count.clone(), hist.clone());
     let task = tokio::spawn(async move {
         let mut local = Histogram::default();
