@@ -364,3 +364,149 @@ async fn outbox_outage_is_pushed_as_stalled_then_live() {
     );
     h.stop().await;
 }
+
+/// A Postgres cluster of this test's own (initdb as the postgres user, as the
+/// test script does), so it can be stopped and started without disturbing
+/// the other tests. Stopped and removed on drop.
+struct OwnCluster {
+    dir: tempfile::TempDir,
+    port: u16,
+    bin: std::path::PathBuf,
+}
+
+impl OwnCluster {
+    fn run(&self, tool: &str, args: &[&str]) -> bool {
+        std::process::Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join(tool))
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    fn start() -> OwnCluster {
+        let bin = std::path::PathBuf::from(
+            std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into()),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        assert!(std::process::Command::new("chown")
+            .arg("postgres")
+            .arg(dir.path())
+            .status()
+            .unwrap()
+            .success());
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let c = OwnCluster { dir, port, bin };
+        let data = c.dir.path().join("data");
+        assert!(
+            c.run(
+                "initdb",
+                &[
+                    "-D",
+                    data.to_str().unwrap(),
+                    "-A",
+                    "trust",
+                    "-U",
+                    "postgres"
+                ]
+            ),
+            "initdb"
+        );
+        assert!(c.pg_ctl("start"), "pg_ctl start");
+        c
+    }
+
+    fn pg_ctl(&self, action: &str) -> bool {
+        let data = self.dir.path().join("data");
+        let log = self.dir.path().join("log");
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1",
+            self.port,
+            self.dir.path().display()
+        );
+        let mut args = vec![
+            "-D",
+            data.to_str().unwrap(),
+            "-l",
+            log.to_str().unwrap(),
+            "-w",
+            "-m",
+            "fast",
+        ];
+        if action == "start" {
+            args.extend(["-o", &opts]);
+        }
+        args.push(action);
+        self.run("pg_ctl", &args)
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        self.pg_ctl("stop");
+    }
+}
+
+/// A real Postgres restart: stalled while it is down, live when it is back,
+/// and no row lost across it.
+#[tokio::test]
+async fn outbox_postgres_restart_is_pushed_as_stalled_then_live() {
+    if pg_url().is_none() {
+        return;
+    }
+    let pg = tokio::task::spawn_blocking(OwnCluster::start)
+        .await
+        .unwrap();
+    let url = pg.url();
+    let (pool, table) = outbox_table(&url).await;
+    let h = spawn_host().await;
+    h.public_tenant("ob").await;
+    assert_eq!(set_source(&h, "ob", &url, &table).await.0, 200);
+    wait_live(&h, "ob").await;
+    let mut ws = h.ws("ob").await;
+    ws.sub("c", 1).await;
+    let first = insert(&pool, &table, "c", json!("before")).await;
+    assert_eq!(msgs(&mut ws, 1).await[0]["seq"].as_i64(), Some(first));
+    pool.close().await;
+
+    let pg = tokio::task::spawn_blocking(move || {
+        assert!(pg.pg_ctl("stop"), "pg_ctl stop");
+        pg
+    })
+    .await
+    .unwrap();
+    let stalled = next_status(&mut ws, Duration::from_secs(3)).await;
+    assert_eq!(stalled["state"], "stalled");
+    let pg = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        assert!(pg.pg_ctl("start"), "pg_ctl start");
+        pg
+    })
+    .await
+    .unwrap();
+    let live = next_status(&mut ws, Duration::from_secs(4)).await;
+    assert_eq!(live["state"], "live");
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    let after = insert(&pool, &table, "c", json!("after")).await;
+    let m = msgs(&mut ws, 1).await;
+    assert_eq!(
+        (m[0]["seq"].as_i64(), m[0]["prev"].as_i64()),
+        (Some(after), Some(first))
+    );
+    pool.close().await;
+    h.stop().await;
+    drop(pg);
+}
