@@ -4,7 +4,7 @@
 set -euo pipefail
 URL="${1:-http://127.0.0.1:8080}"
 COUNT="${2:-60}"
-: "${HERALD_KEY:?set HERALD_KEY to the demo tenant's publish key}"
+: "${HERALD_KEY:?set HERALD_KEY to the publish key of the demo tenant}"
 for ((i = 0; i < COUNT; i++)); do
     batch="["
     for sym in AAPL MSFT GOOG AMZN; do
