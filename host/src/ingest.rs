@@ -10,6 +10,7 @@
 
 use crate::fanout::conflate::{Held, HeldVariant, Offer};
 use crate::fanout::Variant;
+use crate::plugin::active::ActivePlugin;
 use crate::plugin::batch::{Outputs, SourceRecord};
 use crate::plugin::PluginError;
 use crate::proto::PayloadKind;
@@ -258,4 +259,22 @@ pub fn flush(tenant: &Tenant) -> usize {
         publish_held(tenant, h, now);
     }
     held.len()
+}
+
+/// Runs one batch's ingest (`run`, which calls [`ingest`]) where the tenant's
+/// plugin work may execute (see `ActivePlugin::run`). A batch is retried only
+/// when nothing of it was published: a transform is pure, but merges change
+/// held messages, so a merging plugin always runs off the runtime.
+pub async fn run_batch<R: Send + 'static>(
+    tenant: &Tenant,
+    run: impl Fn() -> Result<R, PluginError> + Send + 'static,
+) -> Result<R, PluginError> {
+    match tenant
+        .plugin()
+        .filter(|p| p.info.hooks.transform || p.info.hooks.merge)
+    {
+        Some(p) if p.info.hooks.merge => ActivePlugin::off_runtime(run).await,
+        Some(p) => p.run(move |_| run()).await,
+        None => run(),
+    }
 }

@@ -6,7 +6,6 @@
 use super::{bearer, ApiError};
 use crate::app::App;
 use crate::ingest;
-use crate::plugin::active::ActivePlugin;
 use crate::plugin::batch::SourceRecord;
 use crate::proto;
 use crate::registry::now_ms;
@@ -131,19 +130,10 @@ async fn publish(
             ingest::ingest(&tenant, &records)
         }
     };
-    // See ActivePlugin::run for where plugin work executes. A batch is
-    // retried only when nothing of it was published: a transform is pure, but
-    // merges change held messages, so a merging plugin always runs off the
-    // runtime.
-    let outcomes = match tenant
-        .plugin()
-        .filter(|p| p.info.hooks.transform || p.info.hooks.merge)
-    {
-        Some(p) if p.info.hooks.merge => ActivePlugin::off_runtime(run).await,
-        Some(p) => p.run(move |_| run()).await,
-        None => run(),
-    }
-    .map_err(|e| ApiError::TransformFailed(e.kind(), e.to_string()))?;
+    // Where plugin work runs, and when a batch may be retried: ingest::run_batch.
+    let outcomes = ingest::run_batch(&tenant, run)
+        .await
+        .map_err(|e| ApiError::TransformFailed(e.kind(), e.to_string()))?;
     let mut results: Vec<serde_json::Value> = outcomes
         .iter()
         .map(|o| match o.seq {

@@ -13,7 +13,6 @@
 use super::{set_state, Health, SourceConfig, SourceState};
 use crate::app::App;
 use crate::ingest;
-use crate::plugin::active::ActivePlugin;
 use crate::plugin::batch::SourceRecord;
 use crate::registry::now_ms;
 use crate::tenant::Tenant;
@@ -427,15 +426,7 @@ impl Reader {
                 .collect();
             ingest::ingest(&tenant, &records)
         };
-        let result = match self
-            .tenant
-            .plugin()
-            .filter(|p| p.info.hooks.transform || p.info.hooks.merge)
-        {
-            Some(p) if p.info.hooks.merge => ActivePlugin::off_runtime(run).await,
-            Some(p) => p.run(move |_| run()).await,
-            None => run(),
-        };
+        let result = ingest::run_batch(&self.tenant, run).await;
         if let Err(e) = result {
             tracing::warn!(tenant = %self.tenant.id, kind = e.kind(), records = n, "kafka batch dead-lettered");
         }

@@ -14,7 +14,6 @@
 use super::{set_state, Health, SourceConfig, SourceState};
 use crate::app::App;
 use crate::ingest;
-use crate::plugin::active::ActivePlugin;
 use crate::plugin::batch::SourceRecord;
 use crate::registry::now_ms;
 use crate::tenant::Tenant;
@@ -336,15 +335,7 @@ impl Reader {
                 .collect();
             ingest::ingest(&tenant, &records)
         };
-        let result = match self
-            .tenant
-            .plugin()
-            .filter(|p| p.info.hooks.transform || p.info.hooks.merge)
-        {
-            Some(p) if p.info.hooks.merge => ActivePlugin::off_runtime(run).await,
-            Some(p) => p.run(move |_| run()).await,
-            None => run(),
-        };
+        let result = ingest::run_batch(&self.tenant, run).await;
         // A failed transform dead-letters the batch (counted in ingest); the
         // source moves on rather than retrying the same rows forever.
         if let Err(e) = result {
