@@ -9,7 +9,7 @@
 //! window never splits a batch.
 
 use crate::fanout::conflate::{Held, HeldVariant, Offer};
-use crate::fanout::Variant;
+use crate::fanout::{HistoryLimits, Variant};
 use crate::plugin::active::ActivePlugin;
 use crate::plugin::batch::{Outputs, SourceRecord};
 use crate::plugin::PluginError;
@@ -143,6 +143,7 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
     let merge = plugin.as_ref().filter(|p| p.info.hooks.merge);
     let max = settings.limits.max_message_bytes;
     let now = now_ms() as u64;
+    let history = settings.limits.history();
     let mut outcomes = Vec::with_capacity(messages.len());
     let mut now_publish: Vec<Message<'_>> = Vec::new();
     let mut overflow: Vec<Held> = Vec::new();
@@ -192,7 +193,15 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
         }
     }
     for m in &now_publish {
-        let (seq, delivered) = publish(tenant, m.channel, m.position, m.key, &m.variants, now);
+        let (seq, delivered) = publish(
+            tenant,
+            m.channel,
+            m.position,
+            m.key,
+            &m.variants,
+            history,
+            now,
+        );
         outcomes.push(Outcome {
             channel: m.channel.to_string(),
             seq,
@@ -200,7 +209,7 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
         });
     }
     for h in &overflow {
-        let (seq, delivered) = publish_held(tenant, h, now);
+        let (seq, delivered) = publish_held(tenant, h, history, now);
         outcomes.push(Outcome {
             channel: h.channel.clone(),
             seq,
@@ -218,9 +227,9 @@ fn publish(
     position: Option<u64>,
     key: Option<&str>,
     variants: &[Variant<'_>],
+    history: HistoryLimits,
     now: u64,
 ) -> (Option<u64>, usize) {
-    let history = tenant.settings().limits.history();
     let published = tenant
         .hub
         .publish_at(channel, position, key, variants, history, now);
@@ -238,7 +247,12 @@ fn publish(
     (Some(seq), report.delivered)
 }
 
-fn publish_held(tenant: &Tenant, h: &Held, now: u64) -> (Option<u64>, usize) {
+fn publish_held(
+    tenant: &Tenant,
+    h: &Held,
+    history: HistoryLimits,
+    now: u64,
+) -> (Option<u64>, usize) {
     let v: Vec<Variant<'_>> = h
         .variants
         .iter()
@@ -248,15 +262,24 @@ fn publish_held(tenant: &Tenant, h: &Held, now: u64) -> (Option<u64>, usize) {
             audience: v.audience.as_deref(),
         })
         .collect();
-    publish(tenant, &h.channel, h.position, Some(&h.key), &v, now)
+    publish(
+        tenant,
+        &h.channel,
+        h.position,
+        Some(&h.key),
+        &v,
+        history,
+        now,
+    )
 }
 
 /// Closes the tenant's conflation window: publishes what it held.
 pub fn flush(tenant: &Tenant) -> usize {
     let held = tenant.conflator.lock().drain();
     let now = now_ms() as u64;
+    let history = tenant.settings().limits.history();
     for h in &held {
-        publish_held(tenant, h, now);
+        publish_held(tenant, h, history, now);
     }
     held.len()
 }

@@ -215,21 +215,10 @@ impl Reader {
     }
 
     pub async fn run(self) {
-        let mut backoff = Duration::from_millis(100);
-        while !self.stop.is_cancelled() {
-            match self.consume().await {
-                Ok(()) => return,
-                Err(e) => {
-                    tracing::warn!(tenant = %self.tenant.id, error = %e, "kafka source failed; retrying");
-                    set_state(&self.tenant, &self.health, SourceState::Stalled, Some(e));
-                }
-            }
-            tokio::select! {
-                _ = self.stop.cancelled() => return,
-                _ = tokio::time::sleep(backoff) => {}
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(1));
-        }
+        super::keep_reading(&self.tenant, &self.health, &self.stop, "kafka", || {
+            self.consume()
+        })
+        .await
     }
 
     async fn consume(&self) -> Result<(), String> {

@@ -206,6 +206,36 @@ pub fn set_state(
     tenant.sessions.broadcast("status", &json);
 }
 
+/// Runs a reader until `stop`: every failed `attempt` marks the source stalled
+/// and is retried after a backoff (100 ms, doubling to 1 s). An attempt watches
+/// `stop` itself (so it can store its position first) and returns `Ok` then.
+pub(crate) async fn keep_reading<E, F>(
+    tenant: &Tenant,
+    health: &Mutex<Health>,
+    stop: &CancellationToken,
+    kind: &str,
+    mut attempt: impl FnMut() -> F,
+) where
+    E: std::fmt::Display,
+    F: std::future::Future<Output = Result<(), E>>,
+{
+    let mut backoff = std::time::Duration::from_millis(100);
+    while !stop.is_cancelled() {
+        match attempt().await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(tenant = %tenant.id, source = kind, error = %e, "source failed; retrying");
+                set_state(tenant, health, SourceState::Stalled, Some(e.to_string()));
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(std::time::Duration::from_secs(1));
+    }
+}
+
 /// Starts the tenant's source task (stopping the one before), on the app's tracker.
 pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
     let previous = {

@@ -149,30 +149,10 @@ impl Reader {
 
     /// Runs until stopped: connect, tail, and on any error mark stalled and retry.
     pub async fn run(self) {
-        let mut backoff = Duration::from_millis(100);
-        while !self.stop.is_cancelled() {
-            let r = tokio::select! {
-                _ = self.stop.cancelled() => return,
-                r = self.tail() => r,
-            };
-            match r {
-                Ok(()) => return,
-                Err(e) => {
-                    tracing::warn!(tenant = %self.tenant.id, error = %e, "outbox source failed; retrying");
-                    set_state(
-                        &self.tenant,
-                        &self.health,
-                        SourceState::Stalled,
-                        Some(e.to_string()),
-                    );
-                }
-            }
-            tokio::select! {
-                _ = self.stop.cancelled() => return,
-                _ = tokio::time::sleep(backoff) => {}
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(1));
-        }
+        super::keep_reading(&self.tenant, &self.health, &self.stop, "outbox", || {
+            self.tail()
+        })
+        .await
     }
 
     /// One connected session of tailing; returns only on error or stop.
@@ -195,6 +175,9 @@ impl Reader {
         let mut gap_since: Option<(i64, Instant)> = None;
         let mut last_progress = Instant::now();
         loop {
+            if self.stop.is_cancelled() {
+                return Ok(());
+            }
             let rows = sqlx::query(&select)
                 .bind(cursor)
                 .bind(i64::from(self.batch))

@@ -371,3 +371,17 @@ impl Sse {
         }
     }
 }
+
+/// The next frame with `op`; frames of other ops before it are skipped.
+pub async fn next_op(ws: &mut Ws, op: &str, within: Duration) -> Value {
+    tokio::time::timeout(within, async {
+        loop {
+            let m = ws.next().await;
+            if m["op"] == op {
+                return m;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {op} frame within {within:?}"))
+}

@@ -30,20 +30,6 @@ async fn produce(p: &FutureProducer, topic: &str, channel: &str, n: u64) {
     .expect("produced");
 }
 
-/// The next frame with `op` (others are kept out of the way).
-async fn next_op(ws: &mut Ws, op: &str, within: Duration) -> Value {
-    tokio::time::timeout(within, async {
-        loop {
-            let m = ws.next().await;
-            if m["op"] == op {
-                return m;
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("no {op} frame within {within:?}"))
-}
-
 #[tokio::test]
 async fn kafka_records_flow_and_a_broker_outage_is_pushed() {
     let cluster = MockCluster::new(1).unwrap();

@@ -302,19 +302,6 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn next_status(ws: &mut Ws, within: Duration) -> Value {
-    tokio::time::timeout(within, async {
-        loop {
-            let m = ws.next().await;
-            if m["op"] == "status" {
-                return m;
-            }
-        }
-    })
-    .await
-    .expect("status frame within the deadline")
-}
-
 #[tokio::test]
 async fn outbox_outage_is_pushed_as_stalled_then_live() {
     let Some(url) = pg_url() else { return };
@@ -336,7 +323,7 @@ async fn outbox_outage_is_pushed_as_stalled_then_live() {
     assert_eq!(msgs(&mut ws, 1).await[0]["seq"].as_i64(), Some(first));
 
     let port = proxy.cut();
-    let stalled = next_status(&mut ws, Duration::from_secs(3)).await;
+    let stalled = next_op(&mut ws, "status", Duration::from_secs(3)).await;
     assert_eq!(
         (stalled["source"].as_str(), stalled["state"].as_str()),
         (Some("postgres_outbox"), Some("stalled"))
@@ -351,7 +338,7 @@ async fn outbox_outage_is_pushed_as_stalled_then_live() {
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let _proxy = Proxy::start(port, upstream).await;
-    let live = next_status(&mut ws, Duration::from_secs(4)).await;
+    let live = next_op(&mut ws, "status", Duration::from_secs(4)).await;
     assert_eq!(live["state"], "live");
     let after = insert(&pool, &table, "c", json!("after")).await;
     let got = msgs(&mut ws, 3).await;
@@ -484,7 +471,7 @@ async fn outbox_postgres_restart_is_pushed_as_stalled_then_live() {
     })
     .await
     .unwrap();
-    let stalled = next_status(&mut ws, Duration::from_secs(3)).await;
+    let stalled = next_op(&mut ws, "status", Duration::from_secs(3)).await;
     assert_eq!(stalled["state"], "stalled");
     let pg = tokio::task::spawn_blocking(move || {
         std::thread::sleep(Duration::from_secs(2));
@@ -493,7 +480,7 @@ async fn outbox_postgres_restart_is_pushed_as_stalled_then_live() {
     })
     .await
     .unwrap();
-    let live = next_status(&mut ws, Duration::from_secs(4)).await;
+    let live = next_op(&mut ws, "status", Duration::from_secs(4)).await;
     assert_eq!(live["state"], "live");
     let pool = PgPoolOptions::new()
         .max_connections(1)
