@@ -47,13 +47,45 @@ impl Transport {
     }
 }
 
+/// Which protocol the server speaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dialect {
+    /// Herald's v1 protocol (and the raw baseline's copy of it): `sub` ops
+    /// with acks, `msg` envelopes carrying `seq`/`prev`.
+    Herald { tenant: String },
+    /// A peer that delivers the published payload itself (nchan, Python
+    /// websockets): channels are named in the request path, where `{chs}` in
+    /// this template becomes the comma-separated list; order is checked
+    /// from the payload's own `ch`/`n`.
+    Bare { path: String },
+}
+
+impl Dialect {
+    /// The request path for subscribing to `channels` over `transport`.
+    pub fn path(&self, transport: Transport, channels: &[String]) -> String {
+        match self {
+            Dialect::Herald { tenant } => match transport {
+                Transport::Ws => format!("/v1/t/{tenant}/ws"),
+                Transport::Sse => {
+                    let q: Vec<String> = channels.iter().map(|c| format!("ch={c}")).collect();
+                    format!("/v1/t/{tenant}/sse?{}", q.join("&"))
+                }
+            },
+            Dialect::Bare { path } => path.replace("{chs}", &channels.join(",")),
+        }
+    }
+}
+
 /// Where and how to connect.
 #[derive(Debug, Clone)]
 pub struct ConnSpec {
     pub target: SocketAddr,
     pub source: IpAddr,
-    pub tenant: String,
+    pub dialect: Dialect,
     pub transport: Transport,
+    /// Ask for a 4 KiB receive buffer: a client that stops reading then
+    /// pushes back on the server after kilobytes, not megabytes.
+    pub small_rcvbuf: bool,
 }
 
 pub fn now_nanos() -> u64 {
@@ -73,18 +105,21 @@ struct Frame<'a> {
     seq: Option<u64>,
     prev: Option<u64>,
     id: Option<u64>,
-    #[serde(default)]
-    data: Option<Payload>,
+    #[serde(borrow, default)]
+    data: Option<Payload<'a>>,
     #[serde(borrow, default)]
     code: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     msg: Option<Cow<'a, str>>,
 }
 
-/// The bench's payload: `{"t":<unix nanos>,"pad":"…"}`.
+/// The bench's payload: `{"t":<unix nanos>,"ch":"c0","n":7,…}`.
 #[derive(Deserialize)]
-struct Payload {
+struct Payload<'a> {
     t: Option<u64>,
+    #[serde(borrow, default)]
+    ch: Option<Cow<'a, str>>,
+    n: Option<u64>,
 }
 
 /// What one server frame was, for the caller's bookkeeping.
@@ -116,7 +151,7 @@ pub fn on_json(text: &[u8], now_ns: u64, tracker: &mut SeqTracker, stats: &mut S
                 }
                 _ => stats.bad += 1,
             }
-            match f.data.and_then(|d| d.t) {
+            match f.data.as_ref().and_then(|d| d.t) {
                 Some(t) => stats.latency_us.record(now_ns.saturating_sub(t) / 1000),
                 None => stats.bad += 1,
             }
@@ -141,12 +176,47 @@ pub fn on_json(text: &[u8], now_ns: u64, tracker: &mut SeqTracker, stats: &mut S
     }
 }
 
+/// Applies one payload delivered as-is by a peer (nchan, Python websockets):
+/// order is checked from the publisher's per-channel counter `n`.
+pub fn on_bare(text: &[u8], now_ns: u64, tracker: &mut SeqTracker, stats: &mut Stats) -> Event {
+    stats.frames += 1;
+    let p: Payload<'_> = match serde_json::from_slice(text) {
+        Ok(p) => p,
+        Err(_) => {
+            stats.bad += 1;
+            return Event::Other;
+        }
+    };
+    stats.msgs += 1;
+    match (p.ch.as_deref(), p.n) {
+        (Some(ch), Some(n)) if n > 0 => stats.count_check(tracker.on_msg(ch, n, n - 1)),
+        _ => stats.bad += 1,
+    }
+    match p.t {
+        Some(t) => stats.latency_us.record(now_ns.saturating_sub(t) / 1000),
+        None => stats.bad += 1,
+    }
+    Event::Msg
+}
+
+/// How a connection's reading ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The worker was told to stop.
+    Stopped,
+    /// The worker was told to drop every connection and reconnect at once.
+    Storm,
+    /// The server closed it, or it failed.
+    Closed,
+}
+
 /// An open, subscribed connection.
 pub struct Conn {
     stream: TcpStream,
     buf: Vec<u8>,
     tracker: SeqTracker,
     transport: Transport,
+    bare: bool,
 }
 
 async fn connect(spec: &ConnSpec) -> anyhow::Result<TcpStream> {
@@ -157,6 +227,9 @@ async fn connect(spec: &ConnSpec) -> anyhow::Result<TcpStream> {
     // Close with RST so thousands of closed client ports do not sit in
     // TIME_WAIT and starve the next run's source ports.
     sock.set_zero_linger()?;
+    if spec.small_rcvbuf {
+        sock.set_recv_buffer_size(4096)?;
+    }
     sock.bind(SocketAddr::new(spec.source, 0))
         .with_context(|| format!("binding {}", spec.source))?;
     let stream = sock
@@ -191,85 +264,70 @@ impl Conn {
     ) -> anyhow::Result<Conn> {
         let mut stream = connect(spec).await?;
         let mut buf = Vec::with_capacity(2048);
-        let mut tracker = SeqTracker::default();
-        match spec.transport {
-            Transport::Ws => {
-                let req = format!(
-                    "GET /v1/t/{}/ws HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+        let path = spec.dialect.path(spec.transport, channels);
+        let bare = matches!(spec.dialect, Dialect::Bare { .. });
+        let (req, want) = match spec.transport {
+            Transport::Ws => (
+                format!(
+                    "GET {path} HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
                      Sec-WebSocket-Key: {WS_KEY}\r\nSec-WebSocket-Version: 13\r\n\r\n",
-                    spec.tenant, spec.target
-                );
-                stream.write_all(req.as_bytes()).await?;
-                let (status, head_len) = read_head(&mut stream, &mut buf).await?;
-                if status != 101 {
-                    bail!(
-                        "handshake answered {status}: {}",
-                        String::from_utf8_lossy(&buf[head_len..]).trim()
-                    );
-                }
-                buf.drain(..head_len);
-                let mut subs = Vec::new();
-                for (i, ch) in channels.iter().enumerate() {
-                    let op = serde_json::json!({"op": "sub", "ch": ch, "id": i + 1}).to_string();
-                    subs.extend_from_slice(&encode_client_frame(OpCode::Text, op.as_bytes(), MASK));
-                }
-                stream.write_all(&subs).await?;
-                let mut conn = Conn {
-                    stream,
-                    buf,
-                    tracker,
-                    transport: Transport::Ws,
-                };
-                let mut acked = 0;
-                while acked < channels.len() {
-                    if conn.stream.read_buf(&mut conn.buf).await? == 0 {
-                        bail!("closed before all subscriptions were acknowledged");
-                    }
-                    let mut st = stats.borrow_mut();
-                    let (events, _) = conn.process_ws(&mut st)?;
-                    for e in events {
-                        match e {
-                            Event::Ack { .. } => acked += 1,
-                            Event::Err(m) => bail!("subscribe refused: {m}"),
-                            _ => {}
-                        }
-                    }
-                }
-                Ok(conn)
-            }
-            Transport::Sse => {
-                let mut path = format!("/v1/t/{}/sse?", spec.tenant);
-                for (i, ch) in channels.iter().enumerate() {
-                    if i > 0 {
-                        path.push('&');
-                    }
-                    path.push_str("ch=");
-                    path.push_str(ch);
-                }
-                let req = format!(
+                    spec.target
+                ),
+                101,
+            ),
+            Transport::Sse => (
+                format!(
                     "GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\n\r\n",
                     spec.target
-                );
-                stream.write_all(req.as_bytes()).await?;
-                let (status, head_len) = read_head(&mut stream, &mut buf).await?;
-                if status != 200 {
-                    bail!(
-                        "SSE request answered {status}: {}",
-                        String::from_utf8_lossy(&buf[head_len..]).trim()
-                    );
+                ),
+                200,
+            ),
+        };
+        stream.write_all(req.as_bytes()).await?;
+        let (status, head_len) = read_head(&mut stream, &mut buf).await?;
+        if status != want {
+            bail!(
+                "handshake answered {status}: {}",
+                String::from_utf8_lossy(&buf[head_len..]).trim()
+            );
+        }
+        buf.drain(..head_len);
+        let mut conn = Conn {
+            stream,
+            buf,
+            tracker: SeqTracker::default(),
+            transport: spec.transport,
+            bare,
+        };
+        if bare || spec.transport == Transport::Sse {
+            // No acks: positions start at each channel's first message.
+            for ch in channels {
+                conn.tracker.start(ch, None);
+            }
+            return Ok(conn);
+        }
+        let mut subs = Vec::new();
+        for (i, ch) in channels.iter().enumerate() {
+            let op = serde_json::json!({"op": "sub", "ch": ch, "id": i + 1}).to_string();
+            subs.extend_from_slice(&encode_client_frame(OpCode::Text, op.as_bytes(), MASK));
+        }
+        conn.stream.write_all(&subs).await?;
+        let mut acked = 0;
+        while acked < channels.len() {
+            if conn.stream.read_buf(&mut conn.buf).await? == 0 {
+                bail!("closed before all subscriptions were acknowledged");
+            }
+            let mut st = stats.borrow_mut();
+            let (events, _) = conn.process_ws(&mut st)?;
+            for e in events {
+                match e {
+                    Event::Ack { .. } => acked += 1,
+                    Event::Err(m) => bail!("subscribe refused: {m}"),
+                    _ => {}
                 }
-                buf.drain(..head_len);
-                for ch in channels {
-                    tracker.start(ch, None);
-                }
-                Ok(Conn {
-                    stream,
-                    buf,
-                    tracker,
-                    transport: Transport::Sse,
-                })
             }
         }
+        Ok(conn)
     }
 
     /// Decodes every complete WS frame in the buffer. Returns the events and
@@ -287,6 +345,9 @@ impl Conn {
             };
             let payload = &self.buf[pos + head.payload_start..pos + head.frame_len()];
             match head.opcode {
+                OpCode::Text | OpCode::Binary if self.bare => {
+                    events.push(on_bare(payload, now, &mut self.tracker, stats))
+                }
                 OpCode::Text => events.push(on_json(payload, now, &mut self.tracker, stats)),
                 OpCode::Ping => {
                     stats.pings += 1;
@@ -344,34 +405,48 @@ impl Conn {
                 ));
                 break;
             }
-            on_json(&data, now, &mut self.tracker, stats);
+            if self.bare {
+                on_bare(&data, now, &mut self.tracker, stats);
+            } else {
+                on_json(&data, now, &mut self.tracker, stats);
+            }
         }
         self.buf.drain(..pos);
         result
     }
 
-    /// Reads until `stop` turns true or the connection ends.
-    pub async fn run(mut self, mut stop: watch::Receiver<bool>, stats: Rc<RefCell<Stats>>) {
+    /// Reads until `stop` turns true, a storm is called (`storm` changes) or
+    /// the connection ends. With `read` false it never reads (a client that
+    /// stopped reading), so the server's writes pile up.
+    pub async fn run(
+        mut self,
+        mut stop: watch::Receiver<bool>,
+        mut storm: watch::Receiver<u64>,
+        stats: Rc<RefCell<Stats>>,
+        read: bool,
+    ) -> End {
+        storm.mark_unchanged();
         // Anything that arrived with the acks is handled first.
-        if !self.buf.is_empty() && self.step(&stats).await.is_err() {
+        if read && !self.buf.is_empty() && self.step(&stats).await.is_err() {
             stats.borrow_mut().closed_early += 1;
-            return;
+            return End::Closed;
         }
         loop {
             if *stop.borrow() {
-                return;
+                return End::Stopped;
             }
             tokio::select! {
                 biased;
-                _ = stop.changed() => return,
-                r = self.stream.read_buf(&mut self.buf) => {
+                _ = stop.changed() => return End::Stopped,
+                _ = storm.changed() => return End::Storm,
+                r = self.stream.read_buf(&mut self.buf), if read => {
                     let ended = match r {
                         Ok(0) | Err(_) => true,
                         Ok(_) => self.step(&stats).await.is_err(),
                     };
                     if ended {
                         stats.borrow_mut().closed_early += 1;
-                        return;
+                        return End::Closed;
                     }
                 }
             }

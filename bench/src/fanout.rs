@@ -8,12 +8,11 @@
 
 use crate::client::{now_nanos, Transport};
 use crate::hist::Histogram;
-use crate::http::HttpConn;
 use crate::opts::CommonArgs;
 use crate::pool::{Pool, PoolSpec, Ready};
 use crate::procs;
 use crate::report::{fmt_int, fmt_ms, fmt_rate, fmt_ratio, ratio, verdict};
-use crate::target::{Kind, Target, TENANT};
+use crate::target::{Kind, Peer, Published, Target};
 use crate::track::Stats;
 use crate::worker::channel_name;
 use anyhow::bail;
@@ -22,11 +21,12 @@ use std::time::{Duration, Instant};
 
 /// Herald must reach this share of the same-run one-write-per-frame limit.
 pub const TARGET_RATIO_TO_RAW: f64 = 0.9;
-/// 1.2 × nchan's frames per CPU-second on this machine class.
-pub const TARGET_FPS: f64 = 150_000.0;
-/// Measured outside this run, printed for context only.
-pub const REF_NCHAN_FPS: f64 = 125_000.0;
-pub const REF_ONE_WRITE_FPS: f64 = 172_000.0;
+/// Herald / nchan frames per server CPU-second where each frame needs its own write…
+pub const TARGET_RATIO_TO_NCHAN: f64 = 1.2;
+/// …and where frames can share a write (batches, several channels per connection).
+pub const TARGET_RATIO_TO_NCHAN_SHARED: f64 = 3.0;
+/// With a plugin, within 10 % of the same Herald without it.
+pub const TARGET_RATIO_TO_NO_PLUGIN: f64 = 0.9;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Baseline {
@@ -44,6 +44,16 @@ pub struct FanoutArgs {
     /// Messages per second per channel.
     #[arg(long, default_value_t = 10.0)]
     pub rate: f64,
+    /// Rising rates (msg/s per channel) instead of --rate: each server runs
+    /// each rate until its delivery or p99 breaks; draws latency against load.
+    #[arg(long, value_delimiter = ',')]
+    pub rates: Vec<f64>,
+    /// A rate "breaks" a server when its p99 exceeds this (or frames are lost).
+    #[arg(long, default_value_t = 1000.0)]
+    pub break_p99_ms: f64,
+    /// Peers started in the same run with the same clients and payloads.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub peers: Vec<Peer>,
     /// Seconds of publishing.
     #[arg(long, default_value_t = 10.0)]
     pub duration_secs: f64,
@@ -101,56 +111,50 @@ impl Plan {
         self.channels.max(1) * self.batch.max(1)
     }
 
-    /// The request body: one object, or an array when it carries several messages.
-    pub fn body(&self, t: u64) -> String {
-        let data = payload(t, self.payload_bytes);
-        if self.msgs_per_request() == 1 {
-            return format!(r#"{{"ch":"{}","data":{data}}}"#, channel_name(0));
-        }
-        let mut out = String::with_capacity(self.msgs_per_request() * (data.len() + 24) + 2);
-        out.push('[');
-        for c in 0..self.channels.max(1) {
+    /// One request's messages as (channel, payload); `counters` holds the last
+    /// `n` of each channel, so every payload carries its channel's next number.
+    pub fn messages(&self, t: u64, counters: &mut Vec<u64>) -> Vec<(String, String)> {
+        let channels = self.channels.max(1);
+        counters.resize(channels, 0);
+        let mut out = Vec::with_capacity(self.msgs_per_request());
+        for (c, n) in counters.iter_mut().enumerate() {
             for _ in 0..self.batch.max(1) {
-                if out.len() > 1 {
-                    out.push(',');
-                }
-                out.push_str(&format!(r#"{{"ch":"{}","data":{data}}}"#, channel_name(c)));
+                *n += 1;
+                let ch = channel_name(c);
+                let data = payload(t, &ch, *n, self.payload_bytes);
+                out.push((ch, data));
             }
         }
-        out.push(']');
         out
     }
 }
 
-/// `{"t":<t>,"sym":"AAPL","pad":"…"}` padded to `bytes` (when `bytes` leaves
-/// room for it); `sym` lets the ticker plugins route and key it.
-pub fn payload(t: u64, bytes: usize) -> String {
-    let bare = format!(r#"{{"t":{t},"sym":"AAPL","pad":""}}"#);
-    let pad = bytes.saturating_sub(bare.len());
-    format!(r#"{{"t":{t},"sym":"AAPL","pad":"{}"}}"#, "x".repeat(pad))
+/// `{"t":<t>,"ch":"c0","n":7,"sym":"AAPL","pad":"…"}` padded to `bytes` (when
+/// `bytes` leaves room for it). `t` gives latency; `ch`/`n` let a client of a
+/// peer, which delivers payloads bare, check order; `sym` lets the ticker
+/// plugins route and key it.
+pub fn payload(t: u64, ch: &str, n: u64, bytes: usize) -> String {
+    tick(t, ch, n, "AAPL", bytes)
 }
 
-/// Sum of `delivered` (and `dropped`, raw server only) in a publish answer.
-pub fn delivered(answer: &serde_json::Value) -> (u64, u64) {
-    let one = |v: &serde_json::Value| {
-        (
-            v["delivered"].as_u64().unwrap_or(0),
-            v["dropped"].as_u64().unwrap_or(0),
-        )
-    };
-    match answer.get("results").and_then(|r| r.as_array()) {
-        Some(items) => items
-            .iter()
-            .map(one)
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1)),
-        None => one(answer),
-    }
+/// [`payload`] with a chosen symbol.
+pub fn tick(t: u64, ch: &str, n: u64, sym: &str, bytes: usize) -> String {
+    let bare = format!(r#"{{"t":{t},"ch":"{ch}","n":{n},"sym":"{sym}","pad":""}}"#);
+    let pad = bytes.saturating_sub(bare.len());
+    format!(
+        r#"{{"t":{t},"ch":"{ch}","n":{n},"sym":"{sym}","pad":"{}"}}"#,
+        "x".repeat(pad)
+    )
 }
 
 /// Everything one server's run measured.
 #[derive(Debug)]
-struct Outcome {
+pub struct Outcome {
     kind: Kind,
+    /// `herald`, `raw`, `nchan`, `herald-no-plugin`, …
+    label: String,
+    /// Messages per second per channel offered in this run.
+    rate: f64,
     ready: Ready,
     workers: usize,
     requests: u64,
@@ -233,92 +237,186 @@ impl Outcome {
     }
 }
 
+/// One server of the run: what it is and how it is labelled.
+struct Server<'a> {
+    kind: Kind,
+    plugin: Option<&'a std::path::Path>,
+    label: String,
+}
+
+/// Whether an outcome means the server broke at this rate: frames lost or
+/// stuck, or p99 above `break_p99_ms`.
+pub fn breaks(drained: bool, lost: u64, p99_us: Option<u64>, break_p99_ms: f64) -> bool {
+    !drained || lost > 0 || p99_us.is_some_and(|p| p as f64 / 1000.0 > break_p99_ms)
+}
+
+/// The ratio Herald must reach against a server of this label, if any.
+pub fn target_ratio(label: &str, shares_writes: bool) -> Option<f64> {
+    match label {
+        "raw" => Some(TARGET_RATIO_TO_RAW),
+        "nchan" if shares_writes => Some(TARGET_RATIO_TO_NCHAN_SHARED),
+        "nchan" => Some(TARGET_RATIO_TO_NCHAN),
+        "herald-no-plugin" => Some(TARGET_RATIO_TO_NO_PLUGIN),
+        _ => None,
+    }
+}
+
 pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
     if args.common.smoke {
         args.subs = 50;
         args.duration_secs = 1.0;
         args.drain_secs = args.drain_secs.min(3.0);
+        args.rates.truncate(2);
     }
-    if !(args.rate > 0.0 && args.rate.is_finite()) || args.duration_secs <= 0.0 {
-        bail!("--rate and --duration-secs must be positive");
+    let rates = if args.rates.is_empty() {
+        vec![args.rate]
+    } else {
+        args.rates.clone()
+    };
+    if rates.iter().any(|r| !(*r > 0.0 && r.is_finite())) || args.duration_secs <= 0.0 {
+        bail!("--rate(s) and --duration-secs must be positive");
     }
-    if args.baseline == Some(Baseline::Raw) && args.transport != Transport::Ws {
-        bail!("the raw baseline speaks WebSocket only; use --transport ws with --baseline raw");
+    if args.transport != Transport::Ws
+        && (args.baseline == Some(Baseline::Raw) || args.peers.contains(&Peer::Python))
+    {
+        bail!("the raw baseline and the Python peer speak WebSocket only; use --transport ws");
     }
     if args.baseline == Some(Baseline::NoPlugin) && args.plugin.is_none() {
         bail!("--baseline no-plugin compares against --plugin; give the plugin");
     }
-    let plan = Plan {
-        channels: args.channels.max(1),
-        rate: args.rate,
-        batch: args.batch.max(1),
-        duration_secs: args.duration_secs,
-        payload_bytes: args.payload_bytes,
-    };
+    let mut servers = vec![Server {
+        kind: Kind::Herald,
+        plugin: args.plugin.as_deref(),
+        label: "herald".into(),
+    }];
+    match args.baseline {
+        Some(Baseline::Raw) => servers.push(Server {
+            kind: Kind::Raw,
+            plugin: None,
+            label: "raw".into(),
+        }),
+        Some(Baseline::NoPlugin) => servers.push(Server {
+            kind: Kind::Herald,
+            plugin: None,
+            label: "herald-no-plugin".into(),
+        }),
+        None => {}
+    }
+    for p in &args.peers {
+        servers.push(Server {
+            kind: p.kind(),
+            plugin: None,
+            label: p.kind().as_str().into(),
+        });
+    }
+    // Peers take one message per request; with a peer in the run every server does.
+    let split = !args.peers.is_empty();
+    let shares_writes = args.batch > 1 || args.subs_per_conn > 1;
     let deadline = Instant::now() + args.common.deadline();
     println!(
-        "fanout: {} {} subscriber connection(s), {} channel(s), {} sub(s) each; {} msg/s per channel for {} s, {} per request, {} B payloads",
+        "fanout: {} {} subscriber connection(s), {} channel(s), {} sub(s) each; {} msg/s per channel for {} s, {} per request{}, {} B payloads; servers: {}",
         fmt_int(args.subs as u64),
         args.transport.as_str(),
-        plan.channels,
-        args.subs_per_conn.clamp(1, plan.channels),
-        args.rate,
+        args.channels.max(1),
+        args.subs_per_conn.clamp(1, args.channels.max(1)),
+        rates.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", "),
         args.duration_secs,
-        plan.batch,
-        args.payload_bytes
+        args.batch.max(1),
+        if split { " (one message per request)" } else { "" },
+        args.payload_bytes,
+        servers.iter().map(|s| s.label.as_str()).collect::<Vec<_>>().join(", "),
     );
-    let herald = one(&args, &plan, Kind::Herald, args.plugin.as_deref(), deadline).await?;
-    print_outcome(&herald);
-    let raw = match args.baseline {
-        Some(Baseline::Raw) => {
-            let r = one(&args, &plan, Kind::Raw, None, deadline).await?;
-            print_outcome(&r);
-            Some(r)
+    let mut broken = vec![false; servers.len()];
+    let mut all: Vec<Outcome> = Vec::new();
+    for &rate in &rates {
+        let plan = Plan {
+            channels: args.channels.max(1),
+            rate,
+            batch: args.batch.max(1),
+            duration_secs: args.duration_secs,
+            payload_bytes: args.payload_bytes,
+        };
+        let mut outcomes: Vec<Outcome> = Vec::new();
+        for (i, srv) in servers.iter().enumerate() {
+            if broken[i] {
+                continue;
+            }
+            println!("{} at {rate} msg/s per channel:", srv.label);
+            let o = one(&args, &plan, srv, split, deadline).await?;
+            print_outcome(&o);
+            let lost = o.offered.saturating_sub(o.stats.msgs) + o.dropped_by_server;
+            if breaks(
+                o.drained,
+                lost,
+                o.latency().percentile(99.0),
+                args.break_p99_ms,
+            ) {
+                println!(
+                    "  {} breaks at {rate} msg/s per channel (lost or late frames, or p99 over {} ms)",
+                    srv.label, args.break_p99_ms
+                );
+                broken[i] = true;
+            }
+            outcomes.push(o);
         }
-        _ => None,
-    };
-    let bare = match args.baseline {
-        Some(Baseline::NoPlugin) => {
-            println!("herald without the plugin:");
-            let r = one(&args, &plan, Kind::Herald, None, deadline).await?;
-            print_outcome(&r);
-            Some(r)
+        let herald = outcomes.iter().find(|o| o.label == "herald");
+        println!("summary at {rate} msg/s per channel:");
+        let mut ratios = serde_json::Map::new();
+        if let Some(h) = herald {
+            for o in outcomes.iter().filter(|o| o.label != "herald") {
+                let r = ratio(h.fps().unwrap_or(f64::NAN), o.fps().unwrap_or(f64::NAN));
+                let target = target_ratio(&o.label, shares_writes);
+                println!(
+                    "  herald / {} = {} frames per server CPU-second ({} vs {}){}",
+                    o.label,
+                    fmt_ratio(r),
+                    fmt_rate(h.fps()),
+                    fmt_rate(o.fps()),
+                    target
+                        .map(|t| format!("; target ≥ {t}×: {}", verdict(r, t, false)))
+                        .unwrap_or_default()
+                );
+                ratios.insert(o.label.clone(), r.into());
+            }
         }
-        _ => None,
-    };
-    let vs_bare = bare.as_ref().and_then(|b| ratio(herald.fps()?, b.fps()?));
-    let vs_raw = raw.as_ref().and_then(|r| ratio(herald.fps()?, r.fps()?));
-    println!("summary:");
-    if let Some(b) = &bare {
-        println!(
-            "  with plugin / without = {} (target ≥ 0.9×: {}); {} vs {} frames/CPU-s",
-            fmt_ratio(vs_bare),
-            verdict(vs_bare, 0.9, false),
-            fmt_rate(herald.fps()),
-            fmt_rate(b.fps()),
-        );
+        for o in &outcomes {
+            let mut line = json!({
+                "scenario": "fanout",
+                "server": o.kind.as_str(),
+                "label": o.label,
+                "params": params(&args, &plan, split),
+            });
+            merge(&mut line, o.json());
+            if o.label == "herald" {
+                merge(
+                    &mut line,
+                    json!({
+                        "ratios": ratios,
+                        "plugin": args.plugin.as_ref().map(|p| p.display().to_string()),
+                    }),
+                );
+            }
+            args.common.record(line)?;
+        }
+        all.extend(outcomes);
     }
-    if let Some(r) = &raw {
-        println!(
-            "  herald / raw one-write-per-frame = {} (target ≥ {TARGET_RATIO_TO_RAW}×: {}); raw {} vs {} frames/CPU-s",
-            fmt_ratio(vs_raw),
-            verdict(vs_raw, TARGET_RATIO_TO_RAW, false),
-            fmt_rate(r.fps()),
-            fmt_rate(herald.fps()),
-        );
+    if rates.len() > 1 {
+        let path = crate::report::plot_path(&args.common, "fanout-latency");
+        draw_latency(&all, &args, &path)?;
+        println!("  plot: {}", path.display());
     }
-    println!(
-        "  herald {} frames/CPU-s = {} of the {} target ({}); reference, not measured in this run: nchan {} ({}), one-write limit {} ({})",
-        fmt_rate(herald.fps()),
-        fmt_ratio(herald.fps().and_then(|f| ratio(f, TARGET_FPS))),
-        fmt_int(TARGET_FPS as u64),
-        verdict(herald.fps(), TARGET_FPS, false),
-        fmt_int(REF_NCHAN_FPS as u64),
-        fmt_ratio(herald.fps().and_then(|f| ratio(f, REF_NCHAN_FPS))),
-        fmt_int(REF_ONE_WRITE_FPS as u64),
-        fmt_ratio(herald.fps().and_then(|f| ratio(f, REF_ONE_WRITE_FPS))),
-    );
-    let params = json!({
+    if args.common.smoke {
+        println!("  (smoke scale: CPU figures are near /proc's 10 ms resolution and say nothing about performance)");
+        for o in &all {
+            smoke_check(o)?;
+        }
+        println!("smoke checks passed");
+    }
+    Ok(())
+}
+
+fn params(args: &FanoutArgs, plan: &Plan, split: bool) -> serde_json::Value {
+    json!({
         "subs": args.subs,
         "transport": args.transport.as_str(),
         "channels": plan.channels,
@@ -326,39 +424,51 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
         "rate_per_channel": plan.rate,
         "duration_secs": plan.duration_secs,
         "batch": plan.batch,
+        "one_message_per_request": split,
         "payload_bytes": plan.payload_bytes,
         "smoke": args.common.smoke,
         "herald_args": args.common.herald_args,
-    });
-    let mut line = json!({"scenario": "fanout", "server": "herald", "params": params.clone()});
-    merge(&mut line, herald.json());
-    merge(
-        &mut line,
-        json!({
-            "target_fps": TARGET_FPS,
-            "ratio_to_target_fps": herald.fps().and_then(|f| ratio(f, TARGET_FPS)),
-            "raw_fps": raw.as_ref().and_then(|r| r.fps()),
-            "ratio_to_raw": vs_raw,
-            "plugin": args.plugin.as_ref().map(|p| p.display().to_string()),
-            "no_plugin_fps": bare.as_ref().and_then(|b| b.fps()),
-            "ratio_to_no_plugin": vs_bare,
-            "target_ratio_to_raw": TARGET_RATIO_TO_RAW,
-        }),
-    );
-    args.common.record(line)?;
-    if let Some(r) = &raw {
-        let mut line = json!({"scenario": "fanout", "server": "raw", "params": params});
-        merge(&mut line, r.json());
-        args.common.record(line)?;
-    }
-    if args.common.smoke {
-        println!("  (smoke scale: CPU figures are near /proc's 10 ms resolution and say nothing about performance)");
-        for o in std::iter::once(&herald).chain(raw.as_ref()) {
-            smoke_check(o)?;
+    })
+}
+
+/// p50 and p99 against offered frames per second, one line each per server.
+fn draw_latency(all: &[Outcome], args: &FanoutArgs, path: &std::path::Path) -> anyhow::Result<()> {
+    let mut series = Vec::new();
+    let mut labels: Vec<&str> = all.iter().map(|o| o.label.as_str()).collect();
+    labels.dedup();
+    for label in labels {
+        for (pct, name) in [(50.0, "p50"), (99.0, "p99")] {
+            let points = all
+                .iter()
+                .filter(|o| o.label == label)
+                .filter_map(|o| {
+                    // Every subscription receives `rate` messages per second.
+                    let offered = o.rate
+                        * args.subs as f64
+                        * args.subs_per_conn.clamp(1, args.channels.max(1)) as f64;
+                    Some((offered, o.latency().percentile(pct)? as f64 / 1000.0))
+                })
+                .collect();
+            series.push(crate::plot::Series {
+                name: format!("{label} {name}"),
+                points,
+            });
         }
-        println!("smoke checks passed");
     }
-    Ok(())
+    crate::plot::draw(
+        &crate::plot::Chart {
+            title: format!(
+                "fan-out latency: {} subscribers, {} channel(s), {} B",
+                args.subs, args.channels, args.payload_bytes
+            ),
+            x_label: "offered frames per second".into(),
+            y_label: "publish → receive latency (ms)".into(),
+            log_x: true,
+            log_y: true,
+            series,
+        },
+        path,
+    )
 }
 
 /// At smoke scale nothing may be lost: every queued frame arrives, in order.
@@ -371,7 +481,7 @@ fn smoke_check(o: &Outcome) -> anyhow::Result<()> {
     {
         bail!(
             "{} smoke check failed: {} publish errors, {} of {} frames received, {} gaps, {} backwards, {} bad, {} closed early",
-            o.kind.as_str(),
+            o.label,
             o.publish_errors,
             s.msgs,
             o.offered,
@@ -382,10 +492,7 @@ fn smoke_check(o: &Outcome) -> anyhow::Result<()> {
         );
     }
     if o.offered == 0 {
-        bail!(
-            "{} smoke check failed: nothing was delivered",
-            o.kind.as_str()
-        );
+        bail!("{} smoke check failed: nothing was delivered", o.label);
     }
     Ok(())
 }
@@ -397,7 +504,7 @@ fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
 }
 
 fn print_outcome(o: &Outcome) {
-    let name = o.kind.as_str();
+    let name = &o.label;
     let h = o.latency();
     println!("{name}:");
     println!(
@@ -467,7 +574,8 @@ fn print_outcome(o: &Outcome) {
     );
 }
 
-async fn start(
+/// Starts a server of `kind` (Herald with `plugin` active, if given).
+pub async fn start(
     kind: Kind,
     c: &CommonArgs,
     plugin: Option<&std::path::Path>,
@@ -481,27 +589,27 @@ async fn start(
             Ok(t)
         }
         Kind::Raw => Target::raw().await,
+        Kind::Nchan => Target::peer(Peer::Nchan).await,
+        Kind::Python => Target::peer(Peer::Python).await,
     }
 }
 
 async fn one(
     args: &FanoutArgs,
     plan: &Plan,
-    kind: Kind,
-    plugin: Option<&std::path::Path>,
+    srv: &Server<'_>,
+    split: bool,
     deadline: Instant,
 ) -> anyhow::Result<Outcome> {
     let c = &args.common;
-    let mut server = start(kind, c, plugin).await?;
+    let kind = srv.kind;
+    let mut server = start(kind, c, srv.plugin).await?;
     let left = deadline.saturating_duration_since(Instant::now());
     let spec = PoolSpec {
-        target: server.addr,
-        tenant: TENANT.into(),
-        transport: args.transport,
         channels: plan.channels,
         subs_per_conn: args.subs_per_conn,
         connect_concurrency: c.connect_concurrency,
-        deadline: left + Duration::from_secs(5),
+        ..PoolSpec::new(&server, args.transport, left + Duration::from_secs(5))
     };
     let mut pool = Pool::spawn(&spec, args.subs, c.max_per_worker, c.workers)?;
     let ready = pool.ready(left).await?;
@@ -520,61 +628,10 @@ async fn one(
     let m0 = procs::machine_busy_secs()?;
     let t0 = Instant::now();
 
-    // Publish on one keep-alive connection, on a fixed schedule.
-    let mut http = HttpConn::new(server.addr);
-    let path = format!("/v1/t/{TENANT}/publish");
-    let (mut published, mut errors, mut offered, mut dropped) = (0u64, 0u64, 0u64, 0u64);
-    let mut first_error = None;
-    let requests = plan.requests();
-    for i in 0..requests {
-        tokio::time::sleep_until((t0 + plan.period().mul_f64(i as f64)).into()).await;
-        let body = plan.body(now_nanos());
-        match http
-            .request("POST", &path, Some(&server.publish_key), body.as_bytes())
-            .await
-        {
-            Ok(r) if r.status == 200 => {
-                published += plan.msgs_per_request() as u64;
-                let (d, x) = delivered(&r.json()?);
-                offered += d;
-                dropped += x;
-            }
-            Ok(r) => {
-                errors += 1;
-                first_error.get_or_insert_with(|| format!("status {}: {}", r.status, r.text()));
-            }
-            Err(e) => {
-                errors += 1;
-                first_error.get_or_insert_with(|| format!("{e:#}"));
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("overall deadline reached while publishing");
-        }
-    }
+    let sent = publish_plan(&server, plan, split, deadline).await?;
     let publish_secs = t0.elapsed().as_secs_f64();
-
-    // Wait until every frame the server queued has arrived, or delivery stalls.
-    let drain_until = Instant::now() + Duration::from_secs_f64(args.drain_secs);
-    let (mut last, mut last_change, mut drained) = (0, Instant::now(), false);
-    loop {
-        let (msgs, _, _) = pool.progress().await?;
-        if msgs >= offered {
-            drained = true;
-            break;
-        }
-        if msgs != last {
-            last = msgs;
-            last_change = Instant::now();
-        }
-        if last_change.elapsed() > Duration::from_secs(2)
-            || Instant::now() > drain_until
-            || Instant::now() > deadline
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let offered = sent.delivered;
+    let drained = drain(&mut pool, offered, args.drain_secs, deadline).await?;
     let window_secs = t0.elapsed().as_secs_f64();
     let (s1, p1, w1) = (server.cpu_secs()?, procs::cpu_secs(me)?, pool.cpu_secs());
     let m1 = procs::machine_busy_secs()?;
@@ -589,14 +646,16 @@ async fn one(
     };
     Ok(Outcome {
         kind,
+        label: srv.label.clone(),
+        rate: plan.rate,
         ready,
         workers: pool.len(),
-        requests,
-        published,
-        publish_errors: errors,
-        first_publish_error: first_error,
+        requests: sent.requests,
+        published: sent.messages,
+        publish_errors: sent.errors,
+        first_publish_error: sent.first_error,
         offered,
-        dropped_by_server: dropped,
+        dropped_by_server: sent.dropped,
         publish_secs,
         window_secs,
         drained,
@@ -608,6 +667,65 @@ async fn one(
         stats,
         rss_kib,
     })
+}
+
+/// Publishes `plan` on one keep-alive connection, on its fixed schedule.
+pub async fn publish_plan(
+    server: &Target,
+    plan: &Plan,
+    split: bool,
+    deadline: Instant,
+) -> anyhow::Result<Published> {
+    let t0 = Instant::now();
+    let mut http = server.publisher();
+    let mut counters = Vec::new();
+    let mut sent = Published::default();
+    for i in 0..plan.requests() {
+        tokio::time::sleep_until((t0 + plan.period().mul_f64(i as f64)).into()).await;
+        let msgs = plan.messages(now_nanos(), &mut counters);
+        let p = server.publish(&mut http, &msgs, split).await;
+        sent.requests += p.requests;
+        sent.messages += p.messages;
+        sent.delivered += p.delivered;
+        sent.dropped += p.dropped;
+        sent.errors += p.errors;
+        if sent.first_error.is_none() {
+            sent.first_error = p.first_error;
+        }
+        if Instant::now() > deadline {
+            bail!("overall deadline reached while publishing");
+        }
+    }
+    Ok(sent)
+}
+
+/// Waits until the pool has received `expected` msg frames (true), or
+/// delivery stalls for 2 s, or `drain_secs` or the deadline pass (false).
+pub async fn drain(
+    pool: &mut Pool,
+    expected: u64,
+    drain_secs: f64,
+    deadline: Instant,
+) -> anyhow::Result<bool> {
+    let until = Instant::now() + Duration::from_secs_f64(drain_secs);
+    let (mut last, mut last_change) = (0, Instant::now());
+    loop {
+        let msgs = pool.progress().await?.msgs;
+        if msgs >= expected {
+            return Ok(true);
+        }
+        if msgs != last {
+            last = msgs;
+            last_change = Instant::now();
+        }
+        if last_change.elapsed() > Duration::from_secs(2)
+            || Instant::now() > until
+            || Instant::now() > deadline
+        {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[cfg(test)]
@@ -627,12 +745,15 @@ mod tests {
     #[test]
     fn payload_has_requested_size_and_time() {
         let t = 1_712_345_678_901_234_567;
-        let p = payload(t, 100);
+        let p = payload(t, "c3", 42, 100);
         assert_eq!(p.len(), 100);
         let v: serde_json::Value = serde_json::from_str(&p).unwrap();
-        assert_eq!(v["t"].as_u64(), Some(t));
+        assert_eq!(
+            (v["t"].as_u64(), v["ch"].as_str(), v["n"].as_u64()),
+            (Some(t), Some("c3"), Some(42))
+        );
         // Too small a size still gives a valid payload.
-        assert!(serde_json::from_str::<serde_json::Value>(&payload(t, 3)).is_ok());
+        assert!(serde_json::from_str::<serde_json::Value>(&payload(t, "c0", 1, 3)).is_ok());
     }
 
     #[test]
@@ -647,30 +768,45 @@ mod tests {
     }
 
     #[test]
-    fn bodies() {
-        let single: serde_json::Value = serde_json::from_str(&plan(1, 10.0, 1).body(5)).unwrap();
-        assert_eq!(single["ch"], "c0");
-        assert_eq!(single["data"]["t"], 5);
-        let many: serde_json::Value = serde_json::from_str(&plan(3, 10.0, 2).body(5)).unwrap();
-        let a = many.as_array().unwrap();
-        assert_eq!(a.len(), 6);
+    fn messages_number_each_channel() {
+        let mut counters = Vec::new();
+        let m = plan(3, 10.0, 2).messages(5, &mut counters);
+        let got: Vec<(String, u64)> = m
+            .iter()
+            .map(|(ch, d)| {
+                let v: serde_json::Value = serde_json::from_str(d).unwrap();
+                assert_eq!(v["ch"].as_str(), Some(ch.as_str()));
+                (ch.clone(), v["n"].as_u64().unwrap())
+            })
+            .collect();
+        let want = [
+            ("c0", 1),
+            ("c0", 2),
+            ("c1", 1),
+            ("c1", 2),
+            ("c2", 1),
+            ("c2", 2),
+        ];
         assert_eq!(
-            (
-                a[0]["ch"].as_str(),
-                a[1]["ch"].as_str(),
-                a[5]["ch"].as_str()
-            ),
-            (Some("c0"), Some("c0"), Some("c2"))
+            got,
+            want.iter()
+                .map(|(c, n)| (c.to_string(), *n))
+                .collect::<Vec<_>>()
         );
+        // The next request continues each channel's numbering.
+        let m = plan(3, 10.0, 2).messages(6, &mut counters);
+        assert!(m[0].1.contains(r#""n":3"#) && m[5].1.contains(r#""n":4"#));
     }
 
     #[test]
-    fn delivered_counts() {
-        assert_eq!(delivered(&json!({"ch":"c0","seq":1,"delivered":7})), (7, 0));
-        assert_eq!(
-            delivered(&json!({"results":[{"delivered":3,"dropped":1},{"delivered":4}]})),
-            (7, 1)
-        );
-        assert_eq!(delivered(&json!({})), (0, 0));
+    fn breaking_and_targets() {
+        assert!(!breaks(true, 0, Some(900_000), 1000.0));
+        assert!(breaks(true, 0, Some(1_100_000), 1000.0));
+        assert!(breaks(false, 0, Some(1), 1000.0));
+        assert!(breaks(true, 3, None, 1000.0));
+        assert_eq!(target_ratio("nchan", false), Some(1.2));
+        assert_eq!(target_ratio("nchan", true), Some(3.0));
+        assert_eq!(target_ratio("raw", true), Some(0.9));
+        assert_eq!(target_ratio("python-websockets", false), None);
     }
 }

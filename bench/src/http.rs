@@ -57,7 +57,11 @@ impl HttpConn {
         bearer: Option<&str>,
         body: &[u8],
     ) -> anyhow::Result<Response> {
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.addr);
+        // `Accept` makes nchan answer a publish with JSON (Herald answers JSON anyway).
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\n",
+            self.addr
+        );
         if let Some(t) = bearer {
             head.push_str(&format!("Authorization: Bearer {t}\r\n"));
         }

@@ -1,25 +1,25 @@
-//! `bench idle`: memory per idle connection.
+//! `bench idle`: memory per idle connection, Herald beside its peers.
 //!
-//! Owns: for each requested connection count, a fresh Herald; its RSS before
-//! any client connects and after N clients are connected, subscribed (one
-//! channel each by default) and settled; KiB per connection against the
-//! 3 KiB target and against peers measured elsewhere.
+//! Owns: for each requested connection count and each server (Herald, then
+//! every `--peers` server), a fresh server; its RSS (summed over its
+//! processes) and the kernel's slab before any client connects and after N
+//! clients are connected, subscribed (one channel each by default) and
+//! settled; KiB per connection against the 3 KiB target and the ratio of each
+//! peer to Herald. `--processes K` spreads Herald's connections over K
+//! processes sharing the port (SO_REUSEPORT), for counts beyond one process's
+//! open-files limit. With several counts it draws memory against connections.
 
 use crate::client::Transport;
+use crate::fanout::start;
 use crate::opts::CommonArgs;
 use crate::pool::{Pool, PoolSpec};
+use crate::procs;
 use crate::report::{fmt_int, fmt_ratio, ratio, verdict};
-use crate::target::{Target, TENANT};
+use crate::target::{Kind, Peer, Target};
 use std::time::{Duration, Instant};
 
 /// Herald's budget per idle connection.
 pub const TARGET_KIB: f64 = 3.0;
-/// Measured outside this bench (DESIGN/issue notes); printed for context only.
-pub const PEERS_KIB: &[(&str, f64)] = &[
-    ("Node ws", 6.6),
-    ("nchan", 10.2),
-    ("Python websockets", 15.5),
-];
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct IdleArgs {
@@ -34,6 +34,12 @@ pub struct IdleArgs {
     /// Seconds to wait after the last subscription before reading RSS.
     #[arg(long, default_value_t = 2.0)]
     pub settle_secs: f64,
+    /// Herald processes sharing the port (SO_REUSEPORT) and one registry.
+    #[arg(long, default_value_t = 1)]
+    pub processes: usize,
+    /// Peers measured in the same run with the same clients.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub peers: Vec<Peer>,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -43,32 +49,96 @@ pub fn kib_per_conn(before_kib: u64, after_kib: u64, conns: usize) -> Option<f64
     (conns > 0).then(|| (after_kib as f64 - before_kib as f64) / conns as f64)
 }
 
+/// One server at one connection count.
+struct Measured {
+    kind: Kind,
+    conns: usize,
+    connected: usize,
+    per_conn_kib: Option<f64>,
+    rss_after_kib: u64,
+}
+
 pub async fn run(mut args: IdleArgs) -> anyhow::Result<()> {
     if args.common.smoke {
         args.conns = vec![50];
         args.settle_secs = args.settle_secs.min(0.5);
     }
+    if args.transport == Transport::Sse && args.peers.contains(&Peer::Python) {
+        anyhow::bail!("the Python peer speaks WebSocket only; use --transport ws");
+    }
     let deadline = Instant::now() + args.common.deadline();
+    let mut kinds = vec![Kind::Herald];
+    kinds.extend(args.peers.iter().map(|p| p.kind()));
+    let mut all = Vec::new();
     for &n in &args.conns {
-        let left = deadline.saturating_duration_since(Instant::now());
-        one(&args, n, left).await?;
+        let mut herald_kib = None;
+        for &kind in &kinds {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let m = one(&args, kind, n, left, herald_kib).await?;
+            if kind == Kind::Herald {
+                herald_kib = m.per_conn_kib;
+            }
+            all.push(m);
+        }
+    }
+    if args.conns.len() > 1 {
+        let path = crate::report::plot_path(&args.common, "idle-memory");
+        let series = kinds
+            .iter()
+            .map(|k| crate::plot::Series {
+                name: k.as_str().into(),
+                points: all
+                    .iter()
+                    .filter(|m| m.kind == *k)
+                    .map(|m| (m.conns as f64, m.rss_after_kib as f64 / 1024.0))
+                    .collect(),
+            })
+            .collect();
+        crate::plot::draw(
+            &crate::plot::Chart {
+                title: format!("memory with idle {} connections", args.transport.as_str()),
+                x_label: "idle connections".into(),
+                y_label: "server RSS (MiB)".into(),
+                log_x: true,
+                log_y: true,
+                series,
+            },
+            &path,
+        )?;
+        println!("plot: {}", path.display());
+    }
+    for m in &all {
+        if m.connected < m.conns {
+            anyhow::bail!(
+                "{}: only {} of {} connections were established",
+                m.kind.as_str(),
+                m.connected,
+                m.conns
+            );
+        }
     }
     Ok(())
 }
 
-async fn one(args: &IdleArgs, n: usize, left: Duration) -> anyhow::Result<()> {
+async fn one(
+    args: &IdleArgs,
+    kind: Kind,
+    n: usize,
+    left: Duration,
+    herald_kib: Option<f64>,
+) -> anyhow::Result<Measured> {
     let c = &args.common;
-    let server = Target::herald(&c.herald, &c.herald_args).await?;
+    let mut server = match kind {
+        Kind::Herald => Target::herald_processes(&c.herald, &c.herald_args, args.processes).await?,
+        other => start(other, c, None).await?,
+    };
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (rss0, _) = server.memory_kib()?;
+    let slab0 = procs::slab_kib()?;
     let spec = PoolSpec {
-        target: server.addr,
-        tenant: TENANT.into(),
-        transport: args.transport,
         channels: args.channels,
-        subs_per_conn: 1,
         connect_concurrency: c.connect_concurrency,
-        deadline: left + Duration::from_secs(5),
+        ..PoolSpec::new(&server, args.transport, left + Duration::from_secs(5))
     };
     let t0 = Instant::now();
     let mut pool = Pool::spawn(&spec, n, c.max_per_worker, c.workers)?;
@@ -76,64 +146,69 @@ async fn one(args: &IdleArgs, n: usize, left: Duration) -> anyhow::Result<()> {
     let connect_secs = t0.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs_f64(args.settle_secs)).await;
     let (rss1, hwm) = server.memory_kib()?;
-    let (progress_msgs, _, closed_early) = pool.progress().await?;
+    let slab1 = procs::slab_kib()?;
+    let p = pool.progress().await?;
     let (stats, _) = pool.stop().await?;
+    server.check_alive()?;
+    let processes = server.processes();
     drop(server);
 
+    let name = kind.as_str();
     let per = kib_per_conn(rss0, rss1, ready.connected);
+    let slab_per = kib_per_conn(slab0, slab1, ready.connected);
     let vs_target = per.and_then(|p| ratio(p, TARGET_KIB));
     println!(
-        "idle {} x{}: {} of {} connected+subscribed in {connect_secs:.1}s over {} worker(s); herald RSS {} -> {} KiB (peak {} KiB)",
+        "idle {} x{} {name}{}: {} of {} connected+subscribed in {connect_secs:.1}s over {} worker(s); RSS {} -> {} KiB (peak {} KiB); kernel slab {} -> {} KiB",
         args.transport.as_str(),
         fmt_int(n as u64),
+        if processes > 1 { format!(" ({processes} processes, SO_REUSEPORT)") } else { String::new() },
         fmt_int(ready.connected as u64),
         fmt_int(n as u64),
         pool.len(),
         fmt_int(rss0),
         fmt_int(rss1),
         fmt_int(hwm),
+        fmt_int(slab0),
+        fmt_int(slab1),
     );
     if let Some(e) = &ready.first_error {
         println!("  first connection error: {e}");
     }
+    let vs_herald = match (kind, per, herald_kib) {
+        (Kind::Herald, _, _) => None,
+        (_, Some(p), Some(h)) => ratio(p, h),
+        _ => None,
+    };
     match per {
-        Some(p) => {
-            println!(
-                "  {p:.2} KiB per connection = {} of the {TARGET_KIB} KiB target ({})",
-                fmt_ratio(vs_target),
-                verdict(per, TARGET_KIB, true)
-            );
-            let peers: Vec<String> = PEERS_KIB
-                .iter()
-                .map(|(name, kib)| {
-                    format!(
-                        "{name} {kib} KiB (= {} Herald's)",
-                        fmt_ratio(ratio(*kib, p))
-                    )
-                })
-                .collect();
-            println!(
-                "  reference, not measured in this run: {}",
-                peers.join(", ")
-            );
-        }
+        Some(p) if kind == Kind::Herald => println!(
+            "  {p:.2} KiB per connection = {} of the {TARGET_KIB} KiB target ({}); kernel slab {:.2} KiB per connection (client and server sockets both count: loopback)",
+            fmt_ratio(vs_target),
+            verdict(per, TARGET_KIB, true),
+            slab_per.unwrap_or(f64::NAN),
+        ),
+        Some(p) => println!(
+            "  {p:.2} KiB per connection = {} Herald's; kernel slab {:.2} KiB per connection",
+            fmt_ratio(vs_herald),
+            slab_per.unwrap_or(f64::NAN),
+        ),
         None => println!("  no connection was established; no per-connection figure"),
     }
-    if closed_early > 0 || stats.closed_early > 0 {
+    if p.closed_early > 0 || stats.closed_early > 0 {
         println!(
             "  WARNING: {} connection(s) closed by the server while idle",
-            stats.closed_early.max(closed_early)
+            stats.closed_early.max(p.closed_early)
         );
     }
     let line = serde_json::json!({
         "scenario": "idle",
-        "server": "herald",
+        "server": name,
         "params": {
             "conns": n,
             "transport": args.transport.as_str(),
             "channels": args.channels,
             "settle_secs": args.settle_secs,
             "workers": pool.len(),
+            "processes": processes,
             "smoke": c.smoke,
             "herald_args": c.herald_args,
         },
@@ -145,20 +220,23 @@ async fn one(args: &IdleArgs, n: usize, left: Duration) -> anyhow::Result<()> {
         "rss_after_kib": rss1,
         "rss_peak_kib": hwm,
         "kib_per_conn": per,
+        "slab_before_kib": slab0,
+        "slab_after_kib": slab1,
+        "slab_kib_per_conn": slab_per,
         "target_kib": TARGET_KIB,
         "ratio_to_target": vs_target,
+        "ratio_to_herald": vs_herald,
         "closed_early": stats.closed_early,
-        "msgs_while_idle": progress_msgs,
+        "msgs_while_idle": p.msgs,
     });
     c.record(line)?;
-    if ready.connected < n {
-        anyhow::bail!(
-            "only {} of {n} connections were established: {:?}",
-            ready.connected,
-            ready.first_error
-        );
-    }
-    Ok(())
+    Ok(Measured {
+        kind,
+        conns: n,
+        connected: ready.connected,
+        per_conn_kib: per,
+        rss_after_kib: rss1,
+    })
 }
 
 #[cfg(test)]

@@ -8,18 +8,22 @@
 //! handles) everything it started, on success and on every error path.
 
 mod client;
+mod connect;
 mod fanout;
 mod hist;
 mod http;
 mod idle;
 mod ingest;
 mod opts;
+mod plot;
 mod plugin;
 mod pool;
 mod procs;
 mod raw;
 mod report;
+mod slow;
 mod target;
+mod ticker;
 mod track;
 mod worker;
 
@@ -40,6 +44,12 @@ enum Cmd {
     Fanout(fanout::FanoutArgs),
     /// Ingest: Kafka or outbox records to subscribers (throughput, latency).
     Ingest(ingest::IngestArgs),
+    /// The seed scenario: a stock ticker, conflated by the ticker plugin.
+    Ticker(ticker::TickerArgs),
+    /// Connection rate with and without plugin auth; reconnect storm.
+    Connect(connect::ConnectArgs),
+    /// Slow consumers: healthy clients' latency beside clients that stopped reading.
+    Slow(slow::SlowArgs),
     /// Plugin cost: transform per message, authorize-connect latency, connect rate with jwt-auth.
     Plugin(plugin::PluginArgs),
     /// A process holding a share of the client connections (started by the scenarios).
@@ -65,6 +75,18 @@ fn main() -> anyhow::Result<()> {
         Cmd::Plugin(a) => {
             let deadline = a.common.deadline();
             scenario(deadline, plugin::run(a))
+        }
+        Cmd::Ticker(a) => {
+            let deadline = a.common.deadline();
+            scenario(deadline, ticker::run(a))
+        }
+        Cmd::Connect(a) => {
+            let deadline = a.common.deadline();
+            scenario(deadline, connect::run(a))
+        }
+        Cmd::Slow(a) => {
+            let deadline = a.common.deadline();
+            scenario(deadline, slow::run(a))
         }
         Cmd::Fanout(a) => {
             let deadline = a.common.deadline();

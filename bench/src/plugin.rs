@@ -51,7 +51,7 @@ pub struct PluginArgs {
     pub concurrency: usize,
 }
 
-fn default_plugins() -> PathBuf {
+pub fn default_plugins() -> PathBuf {
     report::bench_dir().join("../plugins/target/wasm32-wasip2/release")
 }
 
@@ -202,8 +202,51 @@ async fn handshake(addr: SocketAddr, path: &str) -> anyhow::Result<u16> {
     Ok(status)
 }
 
+/// Creates tenant `jwt` on `target` with jwt-auth active; returns the path a
+/// client with a valid token connects to.
+pub async fn jwt_tenant(target: &Target, plugins: &std::path::Path) -> anyhow::Result<String> {
+    let mut http = crate::http::HttpConn::new(target.addr);
+    let body = serde_json::json!({"id":"jwt","config":{"secret":SECRET}}).to_string();
+    let r = http
+        .request(
+            "POST",
+            "/admin/v1/tenants",
+            Some(&target.admin),
+            body.as_bytes(),
+        )
+        .await?;
+    if r.status != 201 {
+        bail!("creating the jwt tenant: {} {}", r.status, r.text());
+    }
+    let wasm = std::fs::read(plugins.join("jwt_auth.wasm"))
+        .with_context(|| format!("{}: run plugins/build.sh first", plugins.display()))?;
+    let r = http
+        .request(
+            "POST",
+            "/admin/v1/tenants/jwt/plugins",
+            Some(&target.admin),
+            &wasm,
+        )
+        .await?;
+    if r.status != 201 {
+        bail!("uploading jwt-auth: {} {}", r.status, r.text());
+    }
+    let r = http
+        .request(
+            "POST",
+            "/admin/v1/tenants/jwt/plugins/1/activate",
+            Some(&target.admin),
+            b"",
+        )
+        .await?;
+    if r.status != 200 {
+        bail!("activating jwt-auth: {} {}", r.status, r.text());
+    }
+    Ok(format!("/v1/t/jwt/ws?token={}", jwt("bench-user")))
+}
+
 /// Opens `n` connections (`concurrency` at a time), each closed after its 101.
-async fn connect_rate(
+pub async fn connect_rate(
     addr: SocketAddr,
     path: String,
     n: usize,
@@ -306,42 +349,7 @@ pub async fn run(a: PluginArgs) -> anyhow::Result<()> {
 
     // Connection rate against a real server: jwt-auth tenant vs a public one.
     let target = Target::herald(&a.common.herald, &a.common.herald_args).await?;
-    let mut http = crate::http::HttpConn::new(target.addr);
-    let body = serde_json::json!({"id":"jwt","config":{"secret":SECRET}}).to_string();
-    let r = http
-        .request(
-            "POST",
-            "/admin/v1/tenants",
-            Some(&target.admin),
-            body.as_bytes(),
-        )
-        .await?;
-    if r.status != 201 {
-        bail!("creating the jwt tenant: {} {}", r.status, r.text());
-    }
-    let wasm = std::fs::read(a.plugins.join("jwt_auth.wasm"))?;
-    let r = http
-        .request(
-            "POST",
-            "/admin/v1/tenants/jwt/plugins",
-            Some(&target.admin),
-            &wasm,
-        )
-        .await?;
-    if r.status != 201 {
-        bail!("uploading jwt-auth: {} {}", r.status, r.text());
-    }
-    let r = http
-        .request(
-            "POST",
-            "/admin/v1/tenants/jwt/plugins/1/activate",
-            Some(&target.admin),
-            b"",
-        )
-        .await?;
-    if r.status != 200 {
-        bail!("activating jwt-auth: {} {}", r.status, r.text());
-    }
+    jwt_tenant(&target, &a.plugins).await?;
     let n = if smoke { 50 } else { a.connects };
     let cpu0 = target.cpu_secs()?;
     let (public_rate, public_failed) =

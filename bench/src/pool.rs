@@ -6,7 +6,7 @@
 //! them over stdin/stdout ([`WorkerMsg`] lines), and their CPU time. Every
 //! worker is held by a [`ChildGuard`], so an error anywhere kills them all.
 
-use crate::client::Transport;
+use crate::client::{Dialect, Transport};
 use crate::procs::{self, ChildGuard};
 use crate::track::Stats;
 use crate::worker::WorkerMsg;
@@ -21,12 +21,47 @@ use tokio::sync::mpsc;
 #[derive(Debug, Clone)]
 pub struct PoolSpec {
     pub target: SocketAddr,
-    pub tenant: String,
+    pub dialect: Dialect,
     pub transport: Transport,
     pub channels: usize,
     pub subs_per_conn: usize,
     pub connect_concurrency: usize,
     pub deadline: Duration,
+    /// Clients that never read after subscribing.
+    pub no_read: bool,
+}
+
+impl PoolSpec {
+    /// A pool of Herald-protocol (or raw baseline) clients of the bench tenant,
+    /// or of a peer's bare-payload clients, as the target speaks.
+    pub fn new(
+        target: &crate::target::Target,
+        transport: Transport,
+        deadline: Duration,
+    ) -> PoolSpec {
+        PoolSpec {
+            target: target.addr,
+            dialect: target.dialect(),
+            transport,
+            channels: 1,
+            subs_per_conn: 1,
+            connect_concurrency: 256,
+            deadline,
+            no_read: false,
+        }
+    }
+}
+
+/// Totals of a `progress` round over every worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub msgs: u64,
+    pub frames: u64,
+    pub closed_early: u64,
+    /// Connections open right now.
+    pub open: usize,
+    /// Connections back after a storm.
+    pub reconnected: u64,
 }
 
 struct WorkerProc {
@@ -84,10 +119,20 @@ impl Pool {
         let mut first = 0;
         for (i, conns) in split(total, n).into_iter().enumerate() {
             let mut cmd = Command::new(&exe);
-            cmd.arg("worker")
-                .args(["--target", &spec.target.to_string()])
+            cmd.arg("worker");
+            let tenant = match &spec.dialect {
+                Dialect::Herald { tenant } => tenant.as_str(),
+                Dialect::Bare { path } => {
+                    cmd.args(["--bare-path", path]);
+                    "bench"
+                }
+            };
+            if spec.no_read {
+                cmd.arg("--no-read");
+            }
+            cmd.args(["--target", &spec.target.to_string()])
                 .args(["--source", &source_addr(i).to_string()])
-                .args(["--tenant", &spec.tenant])
+                .args(["--tenant", tenant])
                 .args(["--transport", spec.transport.as_str()])
                 .args(["--conns", &conns.to_string()])
                 .args(["--first-conn", &first.to_string()])
@@ -202,10 +247,10 @@ impl Pool {
         Ok(r)
     }
 
-    /// (msg frames, all frames, connections closed early) received so far.
-    pub async fn progress(&mut self) -> anyhow::Result<(u64, u64, u64)> {
+    /// Frames received and connections open so far, over every worker.
+    pub async fn progress(&mut self) -> anyhow::Result<Progress> {
         self.send_all("progress")?;
-        let mut total = (0, 0, 0);
+        let mut total = Progress::default();
         for w in &mut self.workers {
             loop {
                 match Self::next_msg(w, Duration::from_secs(10)).await? {
@@ -213,10 +258,14 @@ impl Pool {
                         msgs,
                         frames,
                         closed_early,
+                        open,
+                        reconnected,
                     } => {
-                        total.0 += msgs;
-                        total.1 += frames;
-                        total.2 += closed_early;
+                        total.reconnected += reconnected;
+                        total.msgs += msgs;
+                        total.frames += frames;
+                        total.closed_early += closed_early;
+                        total.open += open;
                         break;
                     }
                     _ => continue,
@@ -224,6 +273,11 @@ impl Pool {
             }
         }
         Ok(total)
+    }
+
+    /// Tells every worker to drop all its connections at once and reconnect.
+    pub fn storm(&mut self) -> anyhow::Result<()> {
+        self.send_all("storm")
     }
 
     /// Stops every worker and merges their reports; reaps the processes.

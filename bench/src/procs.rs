@@ -17,6 +17,8 @@ pub const TICKS_PER_SEC: f64 = 100.0;
 pub struct ChildGuard {
     name: String,
     child: Option<Child>,
+    /// SIGTERM and a short grace before SIGKILL (for process trees like nginx).
+    terminate_first: bool,
 }
 
 impl ChildGuard {
@@ -24,6 +26,16 @@ impl ChildGuard {
         ChildGuard {
             name: name.into(),
             child: Some(child),
+            terminate_first: false,
+        }
+    }
+
+    /// A guard that asks the child to exit (SIGTERM) before killing it.
+    pub fn terminating(name: impl Into<String>, child: Child) -> ChildGuard {
+        ChildGuard {
+            name: name.into(),
+            child: Some(child),
+            terminate_first: true,
         }
     }
 
@@ -47,6 +59,9 @@ impl ChildGuard {
         let Some(mut child) = self.child.take() else {
             return;
         };
+        if self.terminate_first {
+            terminate(child.id());
+        }
         let until = Instant::now() + grace;
         while Instant::now() < until {
             match child.try_wait() {
@@ -70,7 +85,9 @@ fn kill_and_reap(name: &str, child: &mut Child) {
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        if self.terminate_first {
+            self.stop(Duration::from_secs(3));
+        } else if let Some(mut child) = self.child.take() {
             kill_and_reap(&self.name, &mut child);
         }
     }
@@ -165,6 +182,43 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// The kernel's slab memory (`Slab:` in /proc/meminfo), in KiB: socket
+/// buffers' bookkeeping, TCP state and file structures live there.
+pub fn slab_kib() -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+    parse_status_kib(&text, "Slab").context("no Slab line in /proc/meminfo")
+}
+
+/// Direct children of `pid`, from /proc (e.g. nginx's worker processes).
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| parse_stat_ppid(&s))
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// The parent pid in a `/proc/PID/stat` line (field 4, after the command).
+pub fn parse_stat_ppid(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Sends SIGTERM to a process this bench started (nginx shuts its workers
+/// down on it; SIGKILL would orphan them).
+pub fn terminate(pid: u32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
 /// A free TCP port on 127.0.0.1 (bound and released; the race is harmless here).
 pub fn free_port() -> anyhow::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
@@ -183,6 +237,7 @@ mod tests {
         assert_eq!(parse_status_kib(status, "VmSwap"), None);
         let stat = "4242 (tokio (rt) x) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 4 0";
         assert_eq!(parse_stat_ticks(stat), Some(300));
+        assert_eq!(parse_stat_ppid(stat), Some(1));
         // user nice system idle iowait irq softirq steal …
         let proc_stat = "cpu  100 2 30 999 7 4 5 6 0 0\ncpu0 1 1 1 1 1 1 1 1 0 0\n";
         assert_eq!(

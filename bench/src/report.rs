@@ -112,6 +112,21 @@ pub fn default_results_path() -> PathBuf {
     bench_dir().join("results").join("results.jsonl")
 }
 
+/// Where a scenario's plot goes: beside the results file, named by scenario
+/// and time (smoke runs and `--no-record` runs write to the temp directory).
+pub fn plot_path(c: &crate::opts::CommonArgs, name: &str) -> PathBuf {
+    let stamp = utc_now().replace(':', "");
+    let file = format!("{name}-{stamp}.png");
+    if c.no_record || c.smoke {
+        return std::env::temp_dir().join(file);
+    }
+    c.results
+        .parent()
+        .map(|d| d.join("plots"))
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join(file)
+}
+
 /// `git rev-parse --short HEAD` in the repository, if git and the repo are there.
 pub fn git_commit() -> Option<String> {
     let out = std::process::Command::new("git")

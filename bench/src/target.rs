@@ -1,11 +1,16 @@
-//! The server under test: a Herald process, or the bench's own raw baseline.
+//! The server under test: a Herald process, the bench's own raw baseline, or
+//! a peer (nginx + nchan, a Python `websockets` broadcast server).
 //!
-//! Owns: starting the server on a free loopback port with a fresh data
-//! directory, waiting for `/readyz`, creating the public `bench` tenant and
-//! keeping its publish key, reading the server's RSS, CPU and (Herald only)
-//! Prometheus counters. The process is held by a [`ChildGuard`]; its log goes
-//! to a file whose tail is shown when start-up fails.
+//! Owns: starting the server on a free loopback port with a fresh directory,
+//! installing a missing peer from the package registries
+//! (`bench/peers/install.sh`), waiting for `/readyz`, creating Herald's public
+//! `bench` tenant and keeping its publish key, publishing in each server's own
+//! API, and reading the server's RSS and CPU (summed over its processes:
+//! nginx's master and worker) and (Herald only) Prometheus counters. The
+//! process is held by a [`ChildGuard`]; its log goes to a file whose tail is
+//! shown when start-up fails.
 
+use crate::client::Dialect;
 use crate::http::HttpConn;
 use crate::procs::{self, ChildGuard, TempDir};
 use anyhow::{bail, Context as _};
@@ -21,6 +26,10 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 pub enum Kind {
     Herald,
     Raw,
+    /// nginx with the nchan module, one worker process.
+    Nchan,
+    /// `bench/peers/py_broadcast.py` on the `websockets` library.
+    Python,
 }
 
 impl Kind {
@@ -28,17 +37,53 @@ impl Kind {
         match self {
             Kind::Herald => "herald",
             Kind::Raw => "raw",
+            Kind::Nchan => "nchan",
+            Kind::Python => "python-websockets",
         }
     }
 }
 
+/// A peer server to compare against in the same run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Peer {
+    Nchan,
+    Python,
+}
+
+impl Peer {
+    pub fn kind(self) -> Kind {
+        match self {
+            Peer::Nchan => Kind::Nchan,
+            Peer::Python => Kind::Python,
+        }
+    }
+}
+
+/// What one publish call did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Published {
+    pub requests: u64,
+    pub messages: u64,
+    /// Frames the server said it queued or wrote (subscribers reached).
+    pub delivered: u64,
+    /// Frames the raw server could not write (socket full).
+    pub dropped: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
+}
+
 pub struct Target {
     pub kind: Kind,
+    /// Where clients connect.
     pub addr: SocketAddr,
+    /// Where messages are published (the Python peer has a second port).
+    pub publish_addr: SocketAddr,
     pub publish_key: String,
     /// The admin token Herald was started with (empty for the raw server).
     pub admin: String,
     guard: ChildGuard,
+    /// Further Herald processes sharing the port (SO_REUSEPORT).
+    others: Vec<ChildGuard>,
     log: PathBuf,
     // Dropped after `guard` (field order): the process is gone before its directory.
     _dir: TempDir,
@@ -47,6 +92,56 @@ pub struct Target {
 impl Target {
     /// Starts `herald serve` and creates the public tenant.
     pub async fn herald(bin: &Path, extra_args: &[String]) -> anyhow::Result<Target> {
+        Target::herald_processes(bin, extra_args, 1).await
+    }
+
+    /// Starts `processes` Herald processes sharing one port (SO_REUSEPORT)
+    /// and one SQLite registry: the first creates the tenant while it is
+    /// alone on the port, the others load it at start.
+    pub async fn herald_processes(
+        bin: &Path,
+        extra_args: &[String],
+        processes: usize,
+    ) -> anyhow::Result<Target> {
+        let mut extra = extra_args.to_vec();
+        if processes > 1 {
+            extra.push("--reuse-port".into());
+        }
+        let mut t = Target::herald_one(bin, &extra).await?;
+        for n in 1..processes {
+            let log = t._dir.path().join(format!("herald-{n}.log"));
+            let logf = std::fs::File::create(&log)?;
+            let child = Command::new(bin)
+                .arg("serve")
+                .args(["--listen", &t.addr.to_string()])
+                .arg("--data-dir")
+                .arg(t._dir.path().join("data"))
+                .args(["--admin-token", &t.admin])
+                .args(["--node-id", &format!("bench-{n}")])
+                .args(&extra)
+                .stdin(Stdio::null())
+                .stdout(logf.try_clone()?)
+                .stderr(logf)
+                .spawn()
+                .with_context(|| format!("starting {} #{n}", bin.display()))?;
+            let mut guard = ChildGuard::new(format!("herald #{n}"), child);
+            let until = tokio::time::Instant::now() + READY_TIMEOUT;
+            loop {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                if text.contains("herald listening") {
+                    break;
+                }
+                if guard.exited().is_some() || tokio::time::Instant::now() > until {
+                    bail!("herald #{n} did not start; log:\n{}", procs::tail(&log, 20));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            t.others.push(guard);
+        }
+        Ok(t)
+    }
+
+    async fn herald_one(bin: &Path, extra_args: &[String]) -> anyhow::Result<Target> {
         if !bin.is_file() {
             bail!("{} not found; build it with `cargo build --release -p herald-host` or pass --herald", bin.display());
         }
@@ -71,9 +166,11 @@ impl Target {
         let mut t = Target {
             kind: Kind::Herald,
             addr,
+            publish_addr: addr,
             publish_key: String::new(),
             admin: admin.clone(),
             guard: ChildGuard::new("herald", child),
+            others: Vec::new(),
             log,
             _dir: dir,
         };
@@ -142,14 +239,182 @@ impl Target {
         let mut t = Target {
             kind: Kind::Raw,
             addr,
+            publish_addr: addr,
             publish_key: "raw".into(),
             admin: String::new(),
             guard: ChildGuard::new("raw-server", child),
+            others: Vec::new(),
             log,
             _dir: dir,
         };
         t.wait_ready().await?;
         Ok(t)
+    }
+
+    /// Starts a peer, installing it first when it is missing.
+    pub async fn peer(peer: Peer) -> anyhow::Result<Target> {
+        ensure_installed(peer)?;
+        match peer {
+            Peer::Nchan => Target::nchan().await,
+            Peer::Python => Target::python().await,
+        }
+    }
+
+    async fn nchan() -> anyhow::Result<Target> {
+        let dir = TempDir::new("nchan-bench")?;
+        let port = procs::free_port()?;
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let template = std::fs::read_to_string(peers_dir().join("nchan.conf"))
+            .context("reading bench/peers/nchan.conf")?;
+        let conf = template
+            .replace("@PORT@", &port.to_string())
+            .replace("@DIR@", &dir.path().display().to_string());
+        let conf_path = dir.path().join("nginx.conf");
+        std::fs::write(&conf_path, conf)?;
+        let log = dir.path().join("error.log");
+        let out = dir.path().join("stdout.log");
+        let outf = std::fs::File::create(&out)?;
+        let child = Command::new(NGINX)
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-c")
+            .arg(&conf_path)
+            .args(["-g", "daemon off;"])
+            .stdin(Stdio::null())
+            .stdout(outf.try_clone()?)
+            .stderr(outf)
+            .spawn()
+            .with_context(|| format!("starting {NGINX}"))?;
+        let mut t = Target {
+            kind: Kind::Nchan,
+            addr,
+            publish_addr: addr,
+            publish_key: String::new(),
+            admin: String::new(),
+            guard: ChildGuard::terminating("nginx", child),
+            others: Vec::new(),
+            log,
+            _dir: dir,
+        };
+        t.wait_ready().await?;
+        Ok(t)
+    }
+
+    async fn python() -> anyhow::Result<Target> {
+        let dir = TempDir::new("pyws-bench")?;
+        let (ws, http) = (procs::free_port()?, procs::free_port()?);
+        let log = dir.path().join("py.log");
+        let logf = std::fs::File::create(&log)?;
+        let child = Command::new("python3")
+            .arg(peers_dir().join("py_broadcast.py"))
+            .args([
+                "--ws-port",
+                &ws.to_string(),
+                "--http-port",
+                &http.to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone()?)
+            .stderr(logf)
+            .spawn()
+            .context("starting python3 py_broadcast.py")?;
+        let mut t = Target {
+            kind: Kind::Python,
+            addr: ([127, 0, 0, 1], ws).into(),
+            publish_addr: ([127, 0, 0, 1], http).into(),
+            publish_key: String::new(),
+            admin: String::new(),
+            guard: ChildGuard::terminating("python websockets", child),
+            others: Vec::new(),
+            log,
+            _dir: dir,
+        };
+        t.wait_ready().await?;
+        Ok(t)
+    }
+
+    /// How clients subscribe to this server.
+    pub fn dialect(&self) -> Dialect {
+        match self.kind {
+            Kind::Herald | Kind::Raw => Dialect::Herald {
+                tenant: TENANT.into(),
+            },
+            Kind::Nchan => Dialect::Bare {
+                path: "/sub/{chs}".into(),
+            },
+            Kind::Python => Dialect::Bare {
+                path: "/sub?ch={chs}".into(),
+            },
+        }
+    }
+
+    /// A keep-alive connection to the publish endpoint.
+    pub fn publisher(&self) -> HttpConn {
+        HttpConn::new(self.publish_addr)
+    }
+
+    /// Publishes `msgs` (channel, JSON payload): Herald and the raw baseline
+    /// take them in one request (or one request each with `split`); the peers
+    /// take one request per message (their API has no batch of channels).
+    pub async fn publish(
+        &self,
+        http: &mut HttpConn,
+        msgs: &[(String, String)],
+        split: bool,
+    ) -> Published {
+        let mut out = Published::default();
+        let peer = matches!(self.kind, Kind::Nchan | Kind::Python);
+        if split || peer || msgs.len() == 1 {
+            for (ch, data) in msgs {
+                let (path, body) = match self.kind {
+                    Kind::Herald | Kind::Raw => (
+                        format!("/v1/t/{TENANT}/publish"),
+                        format!(r#"{{"ch":"{ch}","data":{data}}}"#),
+                    ),
+                    Kind::Nchan | Kind::Python => (format!("/pub/{ch}"), data.clone()),
+                };
+                self.publish_one(http, &path, &body, 1, &mut out).await;
+            }
+        } else {
+            let items: Vec<String> = msgs
+                .iter()
+                .map(|(ch, data)| format!(r#"{{"ch":"{ch}","data":{data}}}"#))
+                .collect();
+            let body = format!("[{}]", items.join(","));
+            let path = format!("/v1/t/{TENANT}/publish");
+            self.publish_one(http, &path, &body, msgs.len() as u64, &mut out)
+                .await;
+        }
+        out
+    }
+
+    async fn publish_one(
+        &self,
+        http: &mut HttpConn,
+        path: &str,
+        body: &str,
+        messages: u64,
+        out: &mut Published,
+    ) {
+        out.requests += 1;
+        let key = (!self.publish_key.is_empty()).then_some(self.publish_key.as_str());
+        let r = http.request("POST", path, key, body.as_bytes()).await;
+        let err = match r {
+            Ok(r) if (200..300).contains(&r.status) => match r.json() {
+                Ok(v) => {
+                    let (d, x) = delivered(&v);
+                    out.messages += messages;
+                    out.delivered += d;
+                    out.dropped += x;
+                    return;
+                }
+                Err(e) => format!("answer is not JSON: {e:#}: {}", r.text()),
+            },
+            Ok(r) => format!("status {}: {}", r.status, r.text()),
+            Err(e) => format!("{e:#}"),
+        };
+        out.errors += 1;
+        out.first_error.get_or_insert(err);
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
@@ -162,7 +427,7 @@ impl Target {
                     procs::tail(&self.log, 20)
                 );
             }
-            let mut c = HttpConn::new(self.addr);
+            let mut c = HttpConn::new(self.publish_addr);
             if let Ok(Ok(r)) = tokio::time::timeout(
                 Duration::from_secs(1),
                 c.request("GET", "/readyz", None, b""),
@@ -190,6 +455,11 @@ impl Target {
 
     /// Fails if the server died (e.g. crashed under load), with its log tail.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        for g in &mut self.others {
+            if let Some(status) = g.exited() {
+                bail!("{} died ({status})", g.name());
+            }
+        }
         if let Some(status) = self.guard.exited() {
             bail!(
                 "{} died ({status}); log:\n{}",
@@ -200,13 +470,32 @@ impl Target {
         Ok(())
     }
 
-    pub fn cpu_secs(&self) -> anyhow::Result<f64> {
-        procs::cpu_secs(self.pid())
+    /// The server's processes: the ones started, and their children (nginx's worker).
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids = vec![self.pid()];
+        pids.extend(self.others.iter().map(|g| g.pid()));
+        if self.kind == Kind::Nchan {
+            pids.extend(procs::children(self.pid()));
+        }
+        pids
     }
 
-    /// (VmRSS, VmHWM) in KiB.
+    /// How many server processes share the listening port.
+    pub fn processes(&self) -> usize {
+        1 + self.others.len()
+    }
+
+    /// CPU seconds of every process of the server.
+    pub fn cpu_secs(&self) -> anyhow::Result<f64> {
+        self.pids().into_iter().map(procs::cpu_secs).sum()
+    }
+
+    /// (VmRSS, VmHWM) in KiB, summed over the server's processes.
     pub fn memory_kib(&self) -> anyhow::Result<(u64, u64)> {
-        procs::memory_kib(self.pid())
+        self.pids()
+            .into_iter()
+            .map(procs::memory_kib)
+            .try_fold((0, 0), |a, m| m.map(|m| (a.0 + m.0, a.1 + m.1)))
     }
 
     /// Herald's `frames_sent` and `socket_writes` counters for the tenant.
@@ -226,6 +515,69 @@ impl Target {
     }
 }
 
+const NGINX: &str = "/usr/sbin/nginx";
+const NCHAN_MODULE: &str = "/usr/lib/nginx/modules/ngx_nchan_module.so";
+
+fn peers_dir() -> PathBuf {
+    crate::report::bench_dir().join("peers")
+}
+
+fn installed(peer: Peer) -> bool {
+    match peer {
+        Peer::Nchan => Path::new(NGINX).is_file() && Path::new(NCHAN_MODULE).is_file(),
+        Peer::Python => Command::new("python3")
+            .args(["-c", "import websockets"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success()),
+    }
+}
+
+/// Installs the peers from Debian and PyPI (`bench/peers/install.sh`) when
+/// `peer` is missing.
+fn ensure_installed(peer: Peer) -> anyhow::Result<()> {
+    if installed(peer) {
+        return Ok(());
+    }
+    println!(
+        "  {} is not installed; running bench/peers/install.sh",
+        Kind::as_str(peer.kind())
+    );
+    let status = Command::new("bash")
+        .arg(peers_dir().join("install.sh"))
+        .status()
+        .context("running bench/peers/install.sh")?;
+    if !status.success() || !installed(peer) {
+        bail!(
+            "{} is still missing after bench/peers/install.sh ({status})",
+            peer.kind().as_str()
+        );
+    }
+    Ok(())
+}
+
+/// Sum of `delivered` (Herald, raw, Python peer) or `subscribers` (nchan)
+/// and of `dropped` (raw only) in a publish answer.
+pub fn delivered(answer: &serde_json::Value) -> (u64, u64) {
+    let one = |v: &serde_json::Value| {
+        (
+            v["delivered"]
+                .as_u64()
+                .or_else(|| v["subscribers"].as_u64())
+                .unwrap_or(0),
+            v["dropped"].as_u64().unwrap_or(0),
+        )
+    };
+    match answer.get("results").and_then(|r| r.as_array()) {
+        Some(items) => items
+            .iter()
+            .map(one)
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1)),
+        None => one(answer),
+    }
+}
+
 /// Value of a Prometheus sample `name{…tenant="t"…} value`.
 pub fn metric(text: &str, name: &str, tenant: &str) -> Option<f64> {
     let label = format!("tenant=\"{tenant}\"");
@@ -239,6 +591,21 @@ pub fn metric(text: &str, name: &str, tenant: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delivered_counts() {
+        use serde_json::json;
+        assert_eq!(delivered(&json!({"ch":"c0","seq":1,"delivered":7})), (7, 0));
+        assert_eq!(
+            delivered(&json!({"results":[{"delivered":3,"dropped":1},{"delivered":4}]})),
+            (7, 1)
+        );
+        assert_eq!(
+            delivered(&json!({"messages":1,"requested":0,"subscribers":12})),
+            (12, 0)
+        );
+        assert_eq!(delivered(&json!({})), (0, 0));
+    }
 
     #[test]
     fn reads_prometheus_samples() {

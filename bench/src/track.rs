@@ -81,6 +81,10 @@ pub struct Stats {
     pub close_codes: Vec<(u16, u64)>,
     /// Publish-to-receive latency in microseconds.
     pub latency_us: Histogram,
+    /// Failed connection attempts by reason ([`failure_reason`]), as (reason, count).
+    pub failures: Vec<(String, u64)>,
+    /// Reconnect storm: time from the storm to each connection being back, µs.
+    pub reconnect_us: Histogram,
 }
 
 impl Stats {
@@ -103,6 +107,13 @@ impl Stats {
         }
     }
 
+    pub fn count_failure(&mut self, reason: &str) {
+        match self.failures.iter_mut().find(|(r, _)| r == reason) {
+            Some(e) => e.1 += 1,
+            None => self.failures.push((reason.to_string(), 1)),
+        }
+    }
+
     pub fn merge(&mut self, o: &Stats) {
         self.frames += o.frames;
         self.msgs += o.msgs;
@@ -119,6 +130,13 @@ impl Stats {
             }
         }
         self.latency_us.merge(&o.latency_us);
+        for (reason, n) in &o.failures {
+            match self.failures.iter_mut().find(|(r, _)| r == reason) {
+                Some(e) => e.1 += n,
+                None => self.failures.push((reason.clone(), *n)),
+            }
+        }
+        self.reconnect_us.merge(&o.reconnect_us);
     }
 
     pub fn to_wire(&self) -> StatsWire {
@@ -134,6 +152,8 @@ impl Stats {
             closed_early: self.closed_early,
             close_codes: self.close_codes.clone(),
             latency_us: self.latency_us.to_sparse(),
+            failures: self.failures.clone(),
+            reconnect_us: self.reconnect_us.to_sparse(),
         }
     }
 
@@ -150,6 +170,8 @@ impl Stats {
             closed_early: w.closed_early,
             close_codes: w.close_codes.clone(),
             latency_us: Histogram::from_sparse(&w.latency_us),
+            failures: w.failures.clone(),
+            reconnect_us: Histogram::from_sparse(&w.reconnect_us),
         }
     }
 }
@@ -168,6 +190,34 @@ pub struct StatsWire {
     pub closed_early: u64,
     pub close_codes: Vec<(u16, u64)>,
     pub latency_us: SparseHistogram,
+    #[serde(default)]
+    pub failures: Vec<(String, u64)>,
+    #[serde(default)]
+    pub reconnect_us: SparseHistogram,
+}
+
+/// A short, countable reason for a failed connection attempt, from its error
+/// text: `http 503`, `refused`, `timeout`, `reset`, `closed` or `other`.
+pub fn failure_reason(err: &str) -> String {
+    if let Some(rest) = err.split("answered ").nth(1) {
+        let code: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+        if !code.is_empty() {
+            return format!("http {code}");
+        }
+    }
+    let e = err.to_ascii_lowercase();
+    let reason = if e.contains("refused") {
+        "refused"
+    } else if e.contains("within") || e.contains("timed out") {
+        "timeout"
+    } else if e.contains("reset") {
+        "reset"
+    } else if e.contains("closed") || e.contains("broken pipe") {
+        "closed"
+    } else {
+        "other"
+    };
+    reason.to_string()
 }
 
 #[cfg(test)]
@@ -216,6 +266,28 @@ mod tests {
     }
 
     #[test]
+    fn failure_reasons() {
+        assert_eq!(
+            failure_reason("handshake answered 503: over capacity"),
+            "http 503"
+        );
+        assert_eq!(
+            failure_reason("connecting to 127.0.0.1:9: Connection refused (os error 111)"),
+            "refused"
+        );
+        assert_eq!(failure_reason("no handshake/ack within 15s"), "timeout");
+        assert_eq!(
+            failure_reason("Connection reset by peer (os error 104)"),
+            "reset"
+        );
+        assert_eq!(
+            failure_reason("connection closed during the handshake"),
+            "closed"
+        );
+        assert_eq!(failure_reason("something odd"), "other");
+    }
+
+    #[test]
     fn stats_count_and_merge() {
         let mut a = Stats::default();
         a.count_check(SeqCheck::Gap { missing: 3 });
@@ -223,12 +295,20 @@ mod tests {
         a.count_check(SeqCheck::Backwards);
         a.count_close(4002);
         a.latency_us.record(100);
+        a.count_failure("http 503");
+        a.reconnect_us.record(2_000);
         let mut b = Stats::from_wire(&a.to_wire());
+        b.count_failure("timeout");
         b.count_close(4002);
         b.count_close(1000);
         b.merge(&a);
         assert_eq!((b.gaps, b.missing, b.backwards), (2, 6, 2));
         assert_eq!(b.close_codes, vec![(4002, 3), (1000, 1)]);
         assert_eq!(b.latency_us.count(), 2);
+        assert_eq!(
+            b.failures,
+            vec![("http 503".to_string(), 2), ("timeout".to_string(), 1)]
+        );
+        assert_eq!(b.reconnect_us.count(), 2);
     }
 }

@@ -3,12 +3,14 @@
 //! Owns: opening its connections (bounded concurrency, a few retries) from one
 //! loopback source address, then serving the parent's commands on stdin
 //! (`progress`, `stop`; end of input means stop) and answering with one JSON
-//! line each on stdout ([`WorkerMsg`]). One single-threaded runtime, so all
+//! line each on stdout ([`WorkerMsg`]); `storm` drops every connection at
+//! once and reopens it without the connect-concurrency limit, timing each
+//! return. One single-threaded runtime, so all
 //! connections share one [`Stats`] without locks. It exits by itself at its
 //! deadline or when the parent goes away (stdin closes).
 
-use crate::client::{Conn, ConnSpec, Transport, OPEN_TIMEOUT};
-use crate::track::{Stats, StatsWire};
+use crate::client::{Conn, ConnSpec, Dialect, End, Transport, OPEN_TIMEOUT};
+use crate::track::{failure_reason, Stats, StatsWire};
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
@@ -28,6 +30,13 @@ pub struct WorkerArgs {
     pub source: IpAddr,
     #[arg(long, default_value = "bench")]
     pub tenant: String,
+    /// Speak to a peer that delivers bare payloads, subscribing with this
+    /// path (`{chs}` = the comma-separated channels) instead of Herald's protocol.
+    #[arg(long)]
+    pub bare_path: Option<String>,
+    /// Never read after subscribing (a client that stopped reading).
+    #[arg(long)]
+    pub no_read: bool,
     #[arg(long, value_enum)]
     pub transport: Transport,
     #[arg(long)]
@@ -59,6 +68,12 @@ pub enum WorkerMsg {
         msgs: u64,
         frames: u64,
         closed_early: u64,
+        /// Connections open right now.
+        #[serde(default)]
+        open: usize,
+        /// Connections back after a storm (since the worker started).
+        #[serde(default)]
+        reconnected: u64,
     },
     Report {
         stats: StatsWire,
@@ -117,56 +132,84 @@ fn stdin_commands() -> mpsc::UnboundedReceiver<String> {
 async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.deadline_secs);
+    let dialect = match &args.bare_path {
+        Some(path) => Dialect::Bare { path: path.clone() },
+        None => Dialect::Herald {
+            tenant: args.tenant.clone(),
+        },
+    };
     let spec = ConnSpec {
         target: args.target,
         source: args.source,
-        tenant: args.tenant.clone(),
+        dialect,
         transport: args.transport,
+        small_rcvbuf: args.no_read,
     };
     let stats = Rc::new(RefCell::new(Stats::default()));
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (storm_tx, storm_rx) = watch::channel(0u64);
     let permits = Rc::new(Semaphore::new(args.connect_concurrency.max(1)));
     let connected = Rc::new(Cell::new(0usize));
     let failed = Rc::new(Cell::new(0usize));
+    let open = Rc::new(Cell::new(0usize));
     let first_error: Rc<RefCell<Option<String>>> = Rc::default();
     let mut tasks = Vec::with_capacity(args.conns);
     for i in 0..args.conns {
         let channels = channels_for(args.first_conn + i, args.channels, args.subs_per_conn);
-        let (spec, stats, stop_rx, permits) = (
+        let (spec, stats, stop_rx, storm_rx, permits) = (
             spec.clone(),
             stats.clone(),
             stop_rx.clone(),
+            storm_rx.clone(),
             permits.clone(),
         );
-        let (connected, failed, first_error) =
-            (connected.clone(), failed.clone(), first_error.clone());
+        let (connected, failed, open, first_error) = (
+            connected.clone(),
+            failed.clone(),
+            open.clone(),
+            first_error.clone(),
+        );
+        let read = !args.no_read;
         tasks.push(tokio::task::spawn_local(async move {
-            let conn = {
-                let _permit = permits.acquire().await.ok();
-                let mut attempt = 0;
-                loop {
-                    attempt += 1;
-                    let r =
-                        tokio::time::timeout(OPEN_TIMEOUT, Conn::open(&spec, &channels, &stats))
-                            .await;
-                    let err = match r {
-                        Ok(Ok(c)) => break Some(c),
-                        Ok(Err(e)) => format!("{e:#}"),
-                        Err(_) => format!("no handshake/ack within {OPEN_TIMEOUT:?}"),
-                    };
-                    if attempt >= 3 || *stop_rx.borrow() {
-                        first_error.borrow_mut().get_or_insert(err);
-                        break None;
+            // Set while reconnecting after a storm: when it was called.
+            let mut storm_at: Option<Instant> = None;
+            loop {
+                let conn = match storm_at {
+                    None => {
+                        let _permit = permits.acquire().await.ok();
+                        open_retrying(&spec, &channels, &stats, &stop_rx, 3, i).await
                     }
-                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                    // A storm: everyone at once, no concurrency limit.
+                    Some(_) => {
+                        open_retrying(&spec, &channels, &stats, &stop_rx, STORM_ATTEMPTS, i).await
+                    }
+                };
+                let c = match conn {
+                    Ok(c) => c,
+                    Err(e) => {
+                        if storm_at.is_none() {
+                            failed.set(failed.get() + 1);
+                            first_error.borrow_mut().get_or_insert(e);
+                        }
+                        return;
+                    }
+                };
+                match storm_at.take() {
+                    Some(t) => stats
+                        .borrow_mut()
+                        .reconnect_us
+                        .record(t.elapsed().as_micros() as u64),
+                    None => connected.set(connected.get() + 1),
                 }
-            };
-            match conn {
-                Some(c) => {
-                    connected.set(connected.get() + 1);
-                    c.run(stop_rx, stats).await;
+                open.set(open.get() + 1);
+                let end = c
+                    .run(stop_rx.clone(), storm_rx.clone(), stats.clone(), read)
+                    .await;
+                open.set(open.get() - 1);
+                match end {
+                    End::Storm => storm_at = Some(Instant::now()),
+                    End::Stopped | End::Closed => return,
                 }
-                None => failed.set(failed.get() + 1),
             }
         }));
     }
@@ -186,8 +229,9 @@ async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             cmd = commands.recv() => match cmd.as_deref() {
                 Some("progress") => {
                     let s = stats.borrow();
-                    emit(&WorkerMsg::Progress { msgs: s.msgs, frames: s.frames, closed_early: s.closed_early });
+                    emit(&WorkerMsg::Progress { msgs: s.msgs, frames: s.frames, closed_early: s.closed_early, open: open.get(), reconnected: s.reconnect_us.count() });
                 }
+                Some("storm") => storm_tx.send_modify(|g| *g += 1),
                 Some("stop") | None => break,
                 Some(_) => {}
             },
@@ -219,6 +263,45 @@ async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Attempts a reconnecting client makes after a storm before giving up.
+const STORM_ATTEMPTS: u32 = 20;
+
+/// Backoff before attempt `attempt + 1`: doubling from 50 ms up to 2 s, spread
+/// by up to half again per connection so retries do not arrive in lockstep.
+pub fn backoff(attempt: u32, conn: usize) -> Duration {
+    let base = 50u64 << attempt.min(6);
+    let base = base.min(2_000);
+    let jitter = (conn as u64).wrapping_mul(2_654_435_761) % (base / 2 + 1);
+    Duration::from_millis(base + jitter)
+}
+
+/// Opens a connection, retrying up to `attempts` times; every failed attempt
+/// is counted by reason. Gives up early when the worker is stopping.
+async fn open_retrying(
+    spec: &ConnSpec,
+    channels: &[String],
+    stats: &RefCell<Stats>,
+    stop: &watch::Receiver<bool>,
+    attempts: u32,
+    conn: usize,
+) -> Result<Conn, String> {
+    let mut attempt = 0;
+    loop {
+        let err = match tokio::time::timeout(OPEN_TIMEOUT, Conn::open(spec, channels, stats)).await
+        {
+            Ok(Ok(c)) => return Ok(c),
+            Ok(Err(e)) => format!("{e:#}"),
+            Err(_) => format!("no handshake/ack within {OPEN_TIMEOUT:?}"),
+        };
+        stats.borrow_mut().count_failure(&failure_reason(&err));
+        attempt += 1;
+        if attempt >= attempts || *stop.borrow() {
+            return Err(err);
+        }
+        tokio::time::sleep(backoff(attempt - 1, conn)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,6 +313,17 @@ mod tests {
         assert_eq!(channels_for(0, 100, 4), vec!["c0", "c1", "c2", "c3"]);
         assert_eq!(channels_for(25, 100, 4), vec!["c0", "c1", "c2", "c3"]);
         assert_eq!(channels_for(3, 10, 4), vec!["c2", "c3", "c4", "c5"]);
+    }
+
+    #[test]
+    fn backoff_doubles_with_spread() {
+        assert!(backoff(0, 0) >= Duration::from_millis(50));
+        assert!(backoff(0, 7) <= Duration::from_millis(75));
+        assert!(backoff(3, 1) >= Duration::from_millis(400));
+        assert!(backoff(30, 5) <= Duration::from_millis(3_000));
+        // Different connections get different delays.
+        let d: std::collections::HashSet<_> = (0..20).map(|c| backoff(2, c)).collect();
+        assert!(d.len() > 5);
     }
 
     #[test]
