@@ -41,6 +41,9 @@ runuser -u postgres -- "$PG_BIN/createdb" -h "$PG_DIR" -p "$PG_PORT" herald_test
 export HERALD_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:$PG_PORT/herald_test"
 export HERALD_REQUIRE_POSTGRES=1
 
+log "benchmark peers (nginx + nchan from Debian, Python websockets from PyPI) for the bench smoke runs"
+bash bench/peers/install.sh
+
 log "plugins (wasm32-wasip2 components the integration tests load)"
 ./plugins/build.sh
 

@@ -403,7 +403,7 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
     if rates.len() > 1 {
         let path = crate::report::plot_path(&args.common, "fanout-latency");
         draw_latency(&all, &args, &path)?;
-        println!("  plot: {}", path.display());
+        crate::report::show_plot(&args.common, &path);
     }
     if args.common.smoke {
         println!("  (smoke scale: CPU figures are near /proc's 10 ms resolution and say nothing about performance)");

@@ -60,7 +60,7 @@ struct Measured {
 
 pub async fn run(mut args: IdleArgs) -> anyhow::Result<()> {
     if args.common.smoke {
-        args.conns = vec![50];
+        args.conns = vec![20, 50];
         args.settle_secs = args.settle_secs.min(0.5);
     }
     if args.transport == Transport::Sse && args.peers.contains(&Peer::Python) {
@@ -105,7 +105,7 @@ pub async fn run(mut args: IdleArgs) -> anyhow::Result<()> {
             },
             &path,
         )?;
-        println!("plot: {}", path.display());
+        crate::report::show_plot(&args.common, &path);
     }
     for m in &all {
         if m.connected < m.conns {

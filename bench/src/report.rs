@@ -112,6 +112,17 @@ pub fn default_results_path() -> PathBuf {
     bench_dir().join("results").join("results.jsonl")
 }
 
+/// Tells where a drawn plot is; a smoke run's plot was drawn only to prove
+/// the drawing works, so it is removed.
+pub fn show_plot(c: &crate::opts::CommonArgs, path: &Path) {
+    if c.smoke {
+        let _ = std::fs::remove_file(path);
+        println!("  plot drawn (smoke run: removed again)");
+    } else {
+        println!("  plot: {}", path.display());
+    }
+}
+
 /// Where a scenario's plot goes: beside the results file, named by scenario
 /// and time (smoke runs and `--no-record` runs write to the temp directory).
 pub fn plot_path(c: &crate::opts::CommonArgs, name: &str) -> PathBuf {
