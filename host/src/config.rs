@@ -63,6 +63,13 @@ pub struct ServeArgs {
     /// Default: the host name.
     #[arg(long, env = "HERALD_NODE_ID")]
     pub node_id: Option<String>,
+    /// Kernel send buffer per client socket, in bytes (SO_SNDBUF; the kernel
+    /// doubles it). Bounds what a client that stopped reading costs in kernel
+    /// memory: beyond it frames wait in Herald's own bounded queue, where the
+    /// slow-consumer policy applies. 0 leaves the kernel's autotuning (up to
+    /// tcp_wmem's maximum, 4 MiB by default, per socket).
+    #[arg(long, env = "HERALD_SOCKET_SEND_BUFFER", default_value_t = 65_536)]
+    pub socket_send_buffer: usize,
     /// Runtime worker threads (default: one per core).
     #[arg(long, env = "HERALD_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
@@ -134,6 +141,8 @@ pub struct Config {
     pub limits: TenantLimits,
     /// This node's name for per-node ingest cursors.
     pub node_id: String,
+    /// SO_SNDBUF for accepted sockets; `None` keeps the kernel's autotuning.
+    pub socket_send_buffer: Option<usize>,
 }
 
 impl ServeArgs {
@@ -154,6 +163,11 @@ impl ServeArgs {
             || !(1..=256).contains(&l.plugin_max_mib)
         {
             return Err("--plugin-memory-mib (1-4096), --plugin-deadline-ms (1-10000) and --plugin-max-mib (1-256) are out of range".into());
+        }
+        if self.socket_send_buffer != 0 && self.socket_send_buffer < 4096 {
+            return Err(
+                "--socket-send-buffer must be 0 (kernel autotuning) or at least 4096".into(),
+            );
         }
         if self.heartbeat_secs == 0 {
             return Err("--heartbeat-secs must be at least 1".into());
@@ -184,6 +198,7 @@ impl ServeArgs {
                     .unwrap_or_else(|| "herald".into()),
             },
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+            socket_send_buffer: (self.socket_send_buffer > 0).then_some(self.socket_send_buffer),
             limits: TenantLimits {
                 max_connections: l.tenant_max_connections,
                 max_subscriptions: l.max_subscriptions,
@@ -230,6 +245,20 @@ mod tests {
         let c = parse(&[]).unwrap();
         assert_eq!(c.limits.slow_consumer, SlowConsumer::Conflate);
         assert_eq!(c.heartbeat, Duration::from_secs(25));
+        assert_eq!(c.socket_send_buffer, Some(65_536));
+    }
+
+    #[test]
+    fn socket_send_buffer_zero_means_kernel_autotuning() {
+        assert_eq!(
+            parse(&["--socket-send-buffer", "0"])
+                .unwrap()
+                .socket_send_buffer,
+            None
+        );
+        assert!(parse(&["--socket-send-buffer", "100"])
+            .unwrap_err()
+            .contains("--socket-send-buffer"));
     }
 
     #[test]

@@ -87,6 +87,9 @@ fn classify_accept_error(e: &io::Error) -> &'static str {
 /// Reads the first request head and routes the connection.
 async fn front_door(app: Arc<App>, mut stream: TcpStream, peer: SocketAddr, router: axum::Router) {
     let _ = stream.set_nodelay(true);
+    if let Some(n) = app.config.socket_send_buffer {
+        let _ = socket2::SockRef::from(&stream).set_send_buffer_size(n);
+    }
     let mut buf = Vec::with_capacity(1024);
     let head = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream, &mut buf)).await {
         Ok(Ok(Some(h))) => h,

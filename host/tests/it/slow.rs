@@ -97,8 +97,11 @@ async fn drain(ws: &mut Ws) -> (Vec<u64>, usize) {
 async fn disconnect_policy_closes_the_slow_reader_only() {
     let (h, key, mut slow, mut healthy) = setup("disconnect").await;
     let started = Instant::now();
-    flood(&h, "t", &key, false).await;
-    healthy_gets_everything(&mut healthy, started).await;
+    // The healthy client reads while the flood goes on.
+    tokio::join!(
+        flood(&h, "t", &key, false),
+        healthy_gets_everything(&mut healthy, started)
+    );
     assert!(
         h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"disconnected\"}")
             .await
@@ -131,8 +134,11 @@ async fn disconnect_policy_closes_the_slow_reader_only() {
 async fn drop_oldest_policy_drops_and_shows_gaps() {
     let (h, key, mut slow, mut healthy) = setup("drop-oldest").await;
     let started = Instant::now();
-    flood(&h, "t", &key, false).await;
-    healthy_gets_everything(&mut healthy, started).await;
+    // The healthy client reads while the flood goes on.
+    tokio::join!(
+        flood(&h, "t", &key, false),
+        healthy_gets_everything(&mut healthy, started)
+    );
     assert!(
         h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"dropped\"}")
             .await
@@ -152,8 +158,10 @@ async fn drop_oldest_policy_drops_and_shows_gaps() {
 async fn conflate_policy_keeps_latest_per_key() {
     let (h, key, mut slow, mut healthy) = setup("conflate").await;
     let started = Instant::now();
-    flood(&h, "t", &key, true).await;
-    healthy_gets_everything(&mut healthy, started).await;
+    tokio::join!(
+        flood(&h, "t", &key, true),
+        healthy_gets_everything(&mut healthy, started)
+    );
     assert!(
         h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"conflated\"}")
             .await
@@ -168,5 +176,28 @@ async fn conflate_policy_keeps_latest_per_key() {
         );
     }
     assert!((seqs.len() as u64) < MESSAGES);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_stalled_reader_holds_little_in_the_kernel() {
+    // The default 64 KiB SO_SNDBUF: what the stalled client finally reads is
+    // its queue (128 KiB) plus what the two sockets held, not megabytes of
+    // kernel send buffer grown by autotuning (up to 4 MiB per socket).
+    let (h, key, mut slow, mut healthy) = setup("drop-oldest").await;
+    let started = Instant::now();
+    // The healthy client reads while the flood goes on.
+    tokio::join!(
+        flood(&h, "t", &key, false),
+        healthy_gets_everything(&mut healthy, started)
+    );
+    let (seqs, _) = drain(&mut slow).await;
+    // Each message is about 2 KB on the wire; 300 of them are 600 KB.
+    assert!(
+        seqs.len() < 300,
+        "the stalled reader got {} messages: the kernel buffered far more than its send buffer",
+        seqs.len()
+    );
+    assert_eq!(seqs.last(), Some(&MESSAGES), "the newest message arrives");
     h.stop().await;
 }
