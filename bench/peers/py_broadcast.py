@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import signal
 import sys
 from http import HTTPStatus
@@ -181,7 +182,16 @@ async def http_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
         writer.close()
 
 
+def raise_nofile_limit() -> None:
+    """Soft open-files limit up to the hard one: like Herald and nginx's
+    worker_rlimit_nofile, so the peer is not capped at 1,024 connections."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 async def main() -> int:
+    raise_nofile_limit()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ws-port", type=int, required=True)
     ap.add_argument("--http-port", type=int, required=True)

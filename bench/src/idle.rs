@@ -107,7 +107,9 @@ pub async fn run(mut args: IdleArgs) -> anyhow::Result<()> {
         )?;
         crate::report::show_plot(&args.common, &path);
     }
-    for m in &all {
+    // A peer that holds fewer connections has shown its limit (reported
+    // above); Herald holding fewer is a failure.
+    for m in all.iter().filter(|m| m.kind == Kind::Herald) {
         if m.connected < m.conns {
             anyhow::bail!(
                 "{}: only {} of {} connections were established",

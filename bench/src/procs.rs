@@ -189,6 +189,27 @@ pub fn slab_kib() -> anyhow::Result<u64> {
     parse_status_kib(&text, "Slab").context("no Slab line in /proc/meminfo")
 }
 
+/// Memory the kernel's TCP sockets hold (`TCP: … mem N` in
+/// /proc/net/sockstat, in pages), in KiB.
+pub fn tcp_mem_kib() -> anyhow::Result<u64> {
+    let text =
+        std::fs::read_to_string("/proc/net/sockstat").context("reading /proc/net/sockstat")?;
+    parse_sockstat_tcp_pages(&text)
+        .map(|pages| pages * 4)
+        .context("no TCP mem in /proc/net/sockstat")
+}
+
+pub fn parse_sockstat_tcp_pages(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("TCP:"))?;
+    let mut it = line.split_whitespace();
+    while let Some(w) = it.next() {
+        if w == "mem" {
+            return it.next()?.parse().ok();
+        }
+    }
+    None
+}
+
 /// Direct children of `pid`, from /proc (e.g. nginx's worker processes).
 pub fn children(pid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -238,6 +259,8 @@ mod tests {
         let stat = "4242 (tokio (rt) x) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 4 0";
         assert_eq!(parse_stat_ticks(stat), Some(300));
         assert_eq!(parse_stat_ppid(stat), Some(1));
+        let sockstat = "sockets: used 9\nTCP: inuse 4004 orphan 0 tw 9 alloc 4004 mem 91964\nUDP: inuse 0 mem 0\n";
+        assert_eq!(parse_sockstat_tcp_pages(sockstat), Some(91_964));
         // user nice system idle iowait irq softirq steal …
         let proc_stat = "cpu  100 2 30 999 7 4 5 6 0 0\ncpu0 1 1 1 1 1 1 1 1 0 0\n";
         assert_eq!(

@@ -60,6 +60,9 @@ struct Phase {
     drained: bool,
     slow_stats: Stats,
     rss_kib: u64,
+    server_cpu: f64,
+    /// The kernel's TCP buffer memory at the end of the phase (all sockets).
+    tcp_kib: u64,
 }
 
 impl Phase {
@@ -150,6 +153,7 @@ async fn phase(
         duration_secs: args.phase_secs,
         payload_bytes: args.payload_bytes,
     };
+    let cpu0 = server.cpu_secs()?;
     let sent = publish_plan(server, &plan, false, deadline).await?;
     if let Some(e) = &sent.first_error {
         bail!("{}: publishing failed: {e}", server.kind.as_str());
@@ -157,6 +161,8 @@ async fn phase(
     let expected = sent.messages * hr.connected as u64;
     let drained = drain(&mut healthy, expected, 10.0, deadline).await?;
     let rss_kib = server.memory_kib()?.0;
+    let server_cpu = server.cpu_secs()? - cpu0;
+    let tcp_kib = crate::procs::tcp_mem_kib().unwrap_or(0);
     let (healthy_stats, _) = healthy.stop().await?;
     let slow_stats = match slow_pool.as_mut() {
         Some(p) => p.stop().await?.0,
@@ -172,6 +178,8 @@ async fn phase(
         drained,
         slow_stats,
         rss_kib,
+        server_cpu,
+        tcp_kib,
     })
 }
 
@@ -189,13 +197,15 @@ fn print_phase(kind: Kind, p: &Phase, base: Option<&Phase>) {
         if p.drained { "" } else { " (NOT all delivered)" }
     );
     println!(
-        "  healthy latency p50 {}, p99 {}, max {}; gaps {}, closed early {}; server RSS {} KiB",
+        "  healthy latency p50 {}, p99 {}, max {}; gaps {}, closed early {}; server RSS {} KiB, CPU {:.2} s; kernel TCP buffers {} KiB",
         fmt_ms(h.percentile(50.0)),
         fmt_ms(h.percentile(99.0)),
         fmt_ms((h.count() > 0).then(|| h.max())),
         p.healthy.gaps,
         p.healthy.closed_early,
-        fmt_int(p.rss_kib)
+        fmt_int(p.rss_kib),
+        p.server_cpu,
+        fmt_int(p.tcp_kib)
     );
     if p.slow > 0 {
         println!(
@@ -242,6 +252,8 @@ fn record(
                 "slow_closed_by_server": p.slow_stats.closed_early,
                 "slow_close_codes": p.slow_stats.close_codes,
                 "rss_kib": p.rss_kib,
+                "server_cpu_secs": p.server_cpu,
+                "kernel_tcp_kib": p.tcp_kib,
             })
         })
         .collect();

@@ -144,7 +144,7 @@ fn kafka_ingest() {
 
 #[test]
 fn outbox_ingest() {
-    if std::env::var("HERALD_TEST_POSTGRES_URL").is_err() {
+    if std::env::var("HERALD_TEST_POSTGRES_URL").map_or(true, |u| u.is_empty()) {
         assert!(
             std::env::var("HERALD_REQUIRE_POSTGRES").as_deref() != Ok("1"),
             "HERALD_REQUIRE_POSTGRES=1 but HERALD_TEST_POSTGRES_URL is not set"
