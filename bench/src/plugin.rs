@@ -49,6 +49,10 @@ pub struct PluginArgs {
     /// Handshakes in flight at once in the connect-rate test.
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
+    /// Another ticker transform component to measure beside the Rust one,
+    /// e.g. one written in another language (plugins/js-ticker); repeatable.
+    #[arg(long)]
+    pub also: Vec<PathBuf>,
 }
 
 pub fn default_plugins() -> PathBuf {
@@ -150,9 +154,10 @@ fn measure_transform(p: &ActivePlugin, batch: usize, secs: f64) -> anyhow::Resul
         .collect();
     // Warm-up, and a check that the plugin did the work.
     let out = p.transform(&records, 65_536)?;
-    if out.len() != batch {
+    if out.len() != batch || out.iter().any(|m| m.channel != "ticks") {
         bail!(
-            "ticker-conflate returned {} messages for {batch} ticks",
+            "{} returned {} messages for {batch} ticks (or renamed their channel)",
+            p.info.name,
             out.len()
         );
     }
@@ -303,6 +308,33 @@ pub async fn run(a: PluginArgs) -> anyhow::Result<()> {
         transform.push(f);
     }
 
+    let mut others = Vec::new();
+    for path in &a.also {
+        let t = Instant::now();
+        let p = load(&runtime, path, "{}")?;
+        println!(
+            "plugin: {} ({}, {:.1} MB, loaded in {:.1} s): transform cost per message",
+            p.info.name,
+            path.display(),
+            std::fs::metadata(path)?.len() as f64 / 1e6,
+            t.elapsed().as_secs_f64()
+        );
+        for batch in [1, 16, 64, 256] {
+            let f = measure_transform(&p, batch, secs)?;
+            let rust = transform
+                .iter()
+                .find(|r| r.batch == batch)
+                .map(|r| r.plugin_ns);
+            println!(
+                "  batch {:>3}: {:>8.0} ns/msg = {} the Rust plugin's",
+                f.batch,
+                f.plugin_ns,
+                report::fmt_ratio(rust.and_then(|r| report::ratio(f.plugin_ns, r)))
+            );
+            others.push(serde_json::json!({"plugin": p.info.name, "path": path.display().to_string(), "batch": batch, "ns_per_msg": f.plugin_ns}));
+        }
+    }
+
     let calls = if smoke { 200 } else { a.auth_calls };
     let token = jwt("bench-user");
     let req = herald::plugin::ConnectRequest {
@@ -389,6 +421,7 @@ pub async fn run(a: PluginArgs) -> anyhow::Result<()> {
         "date": report::utc_now(),
         "transform": transform.iter().map(|f| serde_json::json!({"batch": f.batch, "plugin_ns_per_msg": f.plugin_ns, "native_ns_per_msg": f.native_ns})).collect::<Vec<_>>(),
         "transform_batch64_ns": t64.plugin_ns,
+        "transform_other_plugins": others,
         "authorize_connect_us": {"direct_p50": us(&direct, 50.0), "direct_p99": us(&direct, 99.0), "hosted_p50": us(&hosted, 50.0), "hosted_p99": us(&hosted, 99.0)},
         "connect_rate": {"public_per_sec": public_rate, "jwt_per_sec": jwt_rate, "public_server_cpu_us": public_cpu_us, "jwt_server_cpu_us": jwt_cpu_us, "connections": n, "concurrency": a.concurrency},
     }))?;

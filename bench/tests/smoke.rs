@@ -127,7 +127,16 @@ fn connect_rate_and_storm() {
 #[test]
 fn plugin_costs() {
     let p = plugins();
-    smoke(&["plugin", "--plugins", p.to_str().unwrap()]);
+    // `--also` measures another transform component beside ticker-conflate
+    // (the JavaScript one is not built by the test command: ~400 MB of npm).
+    let also = p.join("ticker_merge.wasm");
+    smoke(&[
+        "plugin",
+        "--plugins",
+        p.to_str().unwrap(),
+        "--also",
+        also.to_str().unwrap(),
+    ]);
 }
 
 #[test]
