@@ -700,8 +700,20 @@ pub async fn publish_plan(
     let mut http = server.publisher();
     let mut counters = Vec::new();
     let mut sent = Published::default();
-    for i in 0..plan.requests() {
+    let rounds = plan.requests();
+    let mut shown = Instant::now();
+    for i in 0..rounds {
         tokio::time::sleep_until((t0 + plan.period().mul_f64(i as f64)).into()).await;
+        if shown.elapsed() >= PROGRESS_EVERY {
+            shown = Instant::now();
+            println!(
+                "  … {:.0} s: {} of {} rounds published, {} frames queued by the server",
+                t0.elapsed().as_secs_f64(),
+                fmt_int(i),
+                fmt_int(rounds),
+                fmt_int(sent.delivered)
+            );
+        }
         let msgs = plan.messages(now_nanos(), &mut counters);
         let p = server.publish(&mut http, &msgs, split).await;
         sent.requests += p.requests;
@@ -719,6 +731,9 @@ pub async fn publish_plan(
     Ok(sent)
 }
 
+/// How often a long step shows where it is.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
 /// Waits until the pool has received `expected` msg frames (true), or
 /// delivery stalls for 2 s, or `drain_secs` or the deadline pass (false).
 pub async fn drain(
@@ -729,10 +744,19 @@ pub async fn drain(
 ) -> anyhow::Result<bool> {
     let until = Instant::now() + Duration::from_secs_f64(drain_secs);
     let (mut last, mut last_change) = (0, Instant::now());
+    let mut shown = Instant::now();
     loop {
         let msgs = pool.progress().await?.msgs;
         if msgs >= expected {
             return Ok(true);
+        }
+        if shown.elapsed() >= PROGRESS_EVERY {
+            shown = Instant::now();
+            println!(
+                "  … draining: {} of {} frames received",
+                fmt_int(msgs),
+                fmt_int(expected)
+            );
         }
         if msgs != last {
             last = msgs;

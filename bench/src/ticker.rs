@@ -126,6 +126,13 @@ pub async fn run(mut args: TickerArgs) -> anyhow::Result<()> {
     let mut first_error = None;
     for round in 0..rounds {
         tokio::time::sleep_until((t0 + period * round as u32).into()).await;
+        if round > 0 && round % (5 * args.requests_per_sec) == 0 {
+            println!(
+                "  … {:.0} s: {} ticks published",
+                t0.elapsed().as_secs_f64(),
+                fmt_int(ticks)
+            );
+        }
         let now = now_nanos();
         let msgs: Vec<(String, String)> = slot(
             args.symbols,
