@@ -715,15 +715,7 @@ pub async fn publish_plan(
             );
         }
         let msgs = plan.messages(now_nanos(), &mut counters);
-        let p = server.publish(&mut http, &msgs, split).await;
-        sent.requests += p.requests;
-        sent.messages += p.messages;
-        sent.delivered += p.delivered;
-        sent.dropped += p.dropped;
-        sent.errors += p.errors;
-        if sent.first_error.is_none() {
-            sent.first_error = p.first_error;
-        }
+        sent.add(server.publish(&mut http, &msgs, split).await);
         if Instant::now() > deadline {
             bail!("overall deadline reached while publishing");
         }

@@ -164,19 +164,12 @@ fn find_t(frame: &[u8]) -> Option<u64> {
     std::str::from_utf8(&digits).ok()?.parse().ok()
 }
 
-async fn admin_json(
-    t: &Target,
-    method: &str,
-    path: &str,
-    body: &[u8],
-) -> anyhow::Result<serde_json::Value> {
-    let r = crate::http::HttpConn::new(t.addr)
-        .request(method, path, Some(&t.admin), body)
+/// Sets the bench tenant's ingest source.
+async fn set_source(t: &Target, source: serde_json::Value) -> anyhow::Result<()> {
+    let path = format!("/admin/v1/tenants/{TENANT}/source");
+    t.admin_request("PUT", &path, source.to_string().as_bytes())
         .await?;
-    if r.status >= 300 {
-        bail!("{method} {path}: {} {}", r.status, r.text());
-    }
-    r.json()
+    Ok(())
 }
 
 struct KafkaRun {
@@ -197,28 +190,18 @@ async fn kafka_run(
     }
     let sub = subscribe(target.addr, TENANT, "c").await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let body = serde_json::json!({"kind":"kafka","brokers":brokers,"topics":["ingest"],"start":"earliest"}).to_string();
+    let source = serde_json::json!({"kind":"kafka","brokers":brokers,"topics":["ingest"],"start":"earliest"});
     let cpu0 = target.cpu_secs()?;
     let t0 = Instant::now();
-    admin_json(
-        &target,
-        "PUT",
-        &format!("/admin/v1/tenants/{TENANT}/source"),
-        body.as_bytes(),
-    )
-    .await?;
+    set_source(&target, source).await?;
     // Done when the reader's positions reach the end of every partition. The
     // mock cluster keeps a bounded log, so "earliest" may start above offset 0:
     // the figure counts the records the source actually read.
     let produced = if a.common.smoke { 2_000 } else { a.records };
     let records = loop {
-        let v = admin_json(
-            &target,
-            "GET",
-            &format!("/admin/v1/tenants/{TENANT}/source"),
-            b"",
-        )
-        .await?;
+        let v = target
+            .admin_request("GET", &format!("/admin/v1/tenants/{TENANT}/source"), b"")
+            .await?;
         let h = &v["health"];
         let at_end: u64 = h["position"]
             .as_str()
@@ -339,13 +322,9 @@ async fn outbox(a: &IngestArgs) -> anyhow::Result<()> {
         .replace(&format!("pg_notify('{table}'"), "pg_notify('herald_outbox'");
     sqlx::raw_sql(&sql).execute(&pool).await?;
     let target = Target::herald(&a.common.herald, &a.common.herald_args).await?;
-    let body =
-        serde_json::json!({"kind":"postgres_outbox","database_url":url,"table":table}).to_string();
-    admin_json(
+    set_source(
         &target,
-        "PUT",
-        &format!("/admin/v1/tenants/{TENANT}/source"),
-        body.as_bytes(),
+        serde_json::json!({"kind":"postgres_outbox","database_url":url,"table":table}),
     )
     .await?;
     tokio::time::sleep(Duration::from_millis(500)).await;

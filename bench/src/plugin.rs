@@ -210,43 +210,14 @@ async fn handshake(addr: SocketAddr, path: &str) -> anyhow::Result<u16> {
 /// Creates tenant `jwt` on `target` with jwt-auth active; returns the path a
 /// client with a valid token connects to.
 pub async fn jwt_tenant(target: &Target, plugins: &std::path::Path) -> anyhow::Result<String> {
-    let mut http = crate::http::HttpConn::new(target.addr);
     let body = serde_json::json!({"id":"jwt","config":{"secret":SECRET}}).to_string();
-    let r = http
-        .request(
-            "POST",
-            "/admin/v1/tenants",
-            Some(&target.admin),
-            body.as_bytes(),
-        )
+    target
+        .admin_request("POST", "/admin/v1/tenants", body.as_bytes())
+        .await
+        .context("creating the jwt tenant")?;
+    target
+        .install_plugin_on("jwt", &plugins.join("jwt_auth.wasm"))
         .await?;
-    if r.status != 201 {
-        bail!("creating the jwt tenant: {} {}", r.status, r.text());
-    }
-    let wasm = std::fs::read(plugins.join("jwt_auth.wasm"))
-        .with_context(|| format!("{}: run plugins/build.sh first", plugins.display()))?;
-    let r = http
-        .request(
-            "POST",
-            "/admin/v1/tenants/jwt/plugins",
-            Some(&target.admin),
-            &wasm,
-        )
-        .await?;
-    if r.status != 201 {
-        bail!("uploading jwt-auth: {} {}", r.status, r.text());
-    }
-    let r = http
-        .request(
-            "POST",
-            "/admin/v1/tenants/jwt/plugins/1/activate",
-            Some(&target.admin),
-            b"",
-        )
-        .await?;
-    if r.status != 200 {
-        bail!("activating jwt-auth: {} {}", r.status, r.text());
-    }
     Ok(format!("/v1/t/jwt/ws?token={}", jwt("bench-user")))
 }
 

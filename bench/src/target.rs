@@ -72,6 +72,20 @@ pub struct Published {
     pub first_error: Option<String>,
 }
 
+impl Published {
+    /// Adds up another call's figures (the first error seen is kept).
+    pub fn add(&mut self, p: Published) {
+        self.requests += p.requests;
+        self.messages += p.messages;
+        self.delivered += p.delivered;
+        self.dropped += p.dropped;
+        self.errors += p.errors;
+        if self.first_error.is_none() {
+            self.first_error = p.first_error;
+        }
+    }
+}
+
 pub struct Target {
     pub kind: Kind,
     /// Where clients connect.
@@ -110,20 +124,9 @@ impl Target {
         let mut t = Target::herald_one(bin, &extra).await?;
         for n in 1..processes {
             let log = t._dir.path().join(format!("herald-{n}.log"));
-            let logf = std::fs::File::create(&log)?;
-            let child = Command::new(bin)
-                .arg("serve")
-                .args(["--listen", &t.addr.to_string()])
-                .arg("--data-dir")
-                .arg(t._dir.path().join("data"))
-                .args(["--admin-token", &t.admin])
-                .args(["--node-id", &format!("bench-{n}")])
-                .args(&extra)
-                .stdin(Stdio::null())
-                .stdout(logf.try_clone()?)
-                .stderr(logf)
-                .spawn()
-                .with_context(|| format!("starting {} #{n}", bin.display()))?;
+            let mut cmd = herald_command(bin, t.addr, t._dir.path(), &t.admin);
+            cmd.args(["--node-id", &format!("bench-{n}")]).args(&extra);
+            let child = spawn_logged(&mut cmd, &log, &format!("{} #{n}", bin.display()))?;
             let mut guard = ChildGuard::new(format!("herald #{n}"), child);
             let until = tokio::time::Instant::now() + READY_TIMEOUT;
             loop {
@@ -150,19 +153,9 @@ impl Target {
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let admin = format!("bench-admin-{}", crate::client::now_nanos());
         let log = dir.path().join("herald.log");
-        let logf = std::fs::File::create(&log)?;
-        let child = Command::new(bin)
-            .arg("serve")
-            .args(["--listen", &addr.to_string()])
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .args(["--admin-token", &admin])
-            .args(extra_args)
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone()?)
-            .stderr(logf)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut cmd = herald_command(bin, addr, dir.path(), &admin);
+        cmd.args(extra_args);
+        let child = spawn_logged(&mut cmd, &log, &bin.display().to_string())?;
         let mut t = Target {
             kind: Kind::Herald,
             addr,
@@ -176,47 +169,60 @@ impl Target {
         };
         t.wait_ready().await?;
         let body = serde_json::json!({"id": TENANT, "access": "public"}).to_string();
-        let r = HttpConn::new(addr)
-            .request("POST", "/admin/v1/tenants", Some(&admin), body.as_bytes())
+        let answer = t
+            .admin_request("POST", "/admin/v1/tenants", body.as_bytes())
             .await?;
-        if r.status != 201 {
-            bail!(
-                "creating tenant {TENANT}: status {}: {}",
-                r.status,
-                r.text()
-            );
-        }
-        t.publish_key = r.json()?["publish_key"]
+        t.publish_key = answer["publish_key"]
             .as_str()
             .context("tenant has no publish_key")?
             .to_string();
         Ok(t)
     }
 
+    /// One admin API call with Herald's admin token; an answer of 300 or more
+    /// is an error naming the call.
+    pub async fn admin_request(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> anyhow::Result<serde_json::Value> {
+        let r = HttpConn::new(self.addr)
+            .request(method, path, Some(&self.admin), body)
+            .await?;
+        if r.status >= 300 {
+            bail!("{method} {path}: {} {}", r.status, r.text());
+        }
+        if r.body.is_empty() {
+            return Ok(serde_json::Value::Null);
+        }
+        r.json()
+    }
+
     /// Uploads a plugin component to the bench tenant and activates it.
     pub async fn install_plugin(&self, path: &Path) -> anyhow::Result<()> {
+        self.install_plugin_on(TENANT, path).await
+    }
+
+    /// Uploads a plugin component to `tenant` and activates it.
+    pub async fn install_plugin_on(&self, tenant: &str, path: &Path) -> anyhow::Result<()> {
         let wasm = std::fs::read(path)
             .with_context(|| format!("{}: run plugins/build.sh first", path.display()))?;
-        let mut http = HttpConn::new(self.addr);
-        let r = http
-            .request(
+        let answer = self
+            .admin_request(
                 "POST",
-                &format!("/admin/v1/tenants/{TENANT}/plugins"),
-                Some(&self.admin),
+                &format!("/admin/v1/tenants/{tenant}/plugins"),
                 &wasm,
             )
-            .await?;
-        if r.status != 201 {
-            bail!("uploading {}: {} {}", path.display(), r.status, r.text());
-        }
-        let version = r.json()?["version"]
+            .await
+            .with_context(|| format!("uploading {}", path.display()))?;
+        let version = answer["version"]
             .as_i64()
             .context("upload answer has no version")?;
-        let path = format!("/admin/v1/tenants/{TENANT}/plugins/{version}/activate");
-        let r = http.request("POST", &path, Some(&self.admin), b"").await?;
-        if r.status != 200 {
-            bail!("activating the plugin: {} {}", r.status, r.text());
-        }
+        let path = format!("/admin/v1/tenants/{tenant}/plugins/{version}/activate");
+        self.admin_request("POST", &path, b"")
+            .await
+            .context("activating the plugin")?;
         Ok(())
     }
 
@@ -227,15 +233,9 @@ impl Target {
         let port = procs::free_port()?;
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let log = dir.path().join("raw.log");
-        let logf = std::fs::File::create(&log)?;
-        let child = Command::new(exe)
-            .arg("raw-server")
-            .args(["--listen", &addr.to_string()])
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone()?)
-            .stderr(logf)
-            .spawn()
-            .context("starting the raw baseline server")?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("raw-server").args(["--listen", &addr.to_string()]);
+        let child = spawn_logged(&mut cmd, &log, "the raw baseline server")?;
         let mut t = Target {
             kind: Kind::Raw,
             addr,
@@ -272,19 +272,13 @@ impl Target {
         let conf_path = dir.path().join("nginx.conf");
         std::fs::write(&conf_path, conf)?;
         let log = dir.path().join("error.log");
-        let out = dir.path().join("stdout.log");
-        let outf = std::fs::File::create(&out)?;
-        let child = Command::new(NGINX)
-            .arg("-p")
+        let mut cmd = Command::new(NGINX);
+        cmd.arg("-p")
             .arg(dir.path())
             .arg("-c")
             .arg(&conf_path)
-            .args(["-g", "daemon off;"])
-            .stdin(Stdio::null())
-            .stdout(outf.try_clone()?)
-            .stderr(outf)
-            .spawn()
-            .with_context(|| format!("starting {NGINX}"))?;
+            .args(["-g", "daemon off;"]);
+        let child = spawn_logged(&mut cmd, &dir.path().join("stdout.log"), NGINX)?;
         let mut t = Target {
             kind: Kind::Nchan,
             addr,
@@ -304,20 +298,14 @@ impl Target {
         let dir = TempDir::new("pyws-bench")?;
         let (ws, http) = (procs::free_port()?, procs::free_port()?);
         let log = dir.path().join("py.log");
-        let logf = std::fs::File::create(&log)?;
-        let child = Command::new("python3")
-            .arg(peers_dir().join("py_broadcast.py"))
-            .args([
-                "--ws-port",
-                &ws.to_string(),
-                "--http-port",
-                &http.to_string(),
-            ])
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone()?)
-            .stderr(logf)
-            .spawn()
-            .context("starting python3 py_broadcast.py")?;
+        let mut cmd = Command::new("python3");
+        cmd.arg(peers_dir().join("py_broadcast.py")).args([
+            "--ws-port",
+            &ws.to_string(),
+            "--http-port",
+            &http.to_string(),
+        ]);
+        let child = spawn_logged(&mut cmd, &log, "python3 py_broadcast.py")?;
         let mut t = Target {
             kind: Kind::Python,
             addr: ([127, 0, 0, 1], ws).into(),
@@ -513,6 +501,27 @@ impl Target {
             metric(&text, "herald_socket_writes_total", TENANT)?,
         ))
     }
+}
+
+/// `herald serve` on `addr` with its registry in `dir`/data and `admin` as token.
+fn herald_command(bin: &Path, addr: SocketAddr, dir: &Path, admin: &str) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.arg("serve")
+        .args(["--listen", &addr.to_string()])
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(["--admin-token", admin]);
+    cmd
+}
+
+/// Starts `cmd` with no input and its output (both streams) in `log`.
+fn spawn_logged(cmd: &mut Command, log: &Path, what: &str) -> anyhow::Result<std::process::Child> {
+    let logf = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    cmd.stdin(Stdio::null())
+        .stdout(logf.try_clone()?)
+        .stderr(logf)
+        .spawn()
+        .with_context(|| format!("starting {what}"))
 }
 
 const NGINX: &str = "/usr/sbin/nginx";

@@ -10,14 +10,13 @@
 
 use crate::client::{now_nanos, Transport};
 use crate::fanout::tick;
-use crate::http::HttpConn;
 use crate::opts::CommonArgs;
 use crate::pool::{Pool, PoolSpec};
 use crate::procs;
 use crate::report::{fmt_int, fmt_ms, fmt_rate, ratio, verdict};
 use crate::target::{Target, TENANT};
 use crate::worker::channel_name;
-use anyhow::bail;
+use anyhow::{bail, Context as _};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -77,17 +76,14 @@ pub async fn run(mut args: TickerArgs) -> anyhow::Result<()> {
     let mut server = Target::herald(&c.herald, &c.herald_args).await?;
     server.install_plugin(&args.plugin).await?;
     let body = json!({"conflation": {"window_ms": args.window_ms}}).to_string();
-    let r = HttpConn::new(server.addr)
-        .request(
+    server
+        .admin_request(
             "PATCH",
             &format!("/admin/v1/tenants/{TENANT}"),
-            Some(&server.admin),
             body.as_bytes(),
         )
-        .await?;
-    if r.status != 200 {
-        bail!("setting the conflation window: {} {}", r.status, r.text());
-    }
+        .await
+        .context("setting the conflation window")?;
     let left = deadline.saturating_duration_since(Instant::now());
     let spec = PoolSpec {
         channels: args.symbols,
@@ -122,15 +118,14 @@ pub async fn run(mut args: TickerArgs) -> anyhow::Result<()> {
     let mut counters = vec![0u64; args.symbols];
     let period = Duration::from_secs_f64(1.0 / args.requests_per_sec as f64);
     let rounds = (args.duration_secs * args.requests_per_sec as f64).round() as usize;
-    let (mut ticks, mut errors) = (0u64, 0u64);
-    let mut first_error = None;
+    let mut sent = crate::target::Published::default();
     for round in 0..rounds {
         tokio::time::sleep_until((t0 + period * round as u32).into()).await;
         if round > 0 && round % (5 * args.requests_per_sec) == 0 {
             println!(
                 "  … {:.0} s: {} ticks published",
                 t0.elapsed().as_secs_f64(),
-                fmt_int(ticks)
+                fmt_int(sent.messages)
             );
         }
         let now = now_nanos();
@@ -149,16 +144,12 @@ pub async fn run(mut args: TickerArgs) -> anyhow::Result<()> {
         if msgs.is_empty() {
             continue;
         }
-        let p = server.publish(&mut http, &msgs, false).await;
-        ticks += p.messages;
-        errors += p.errors;
-        if first_error.is_none() {
-            first_error = p.first_error;
-        }
+        sent.add(server.publish(&mut http, &msgs, false).await);
         if Instant::now() > deadline {
             bail!("overall deadline reached while publishing");
         }
     }
+    let (ticks, errors, first_error) = (sent.messages, sent.errors, sent.first_error);
     // Every tick reaches each of its symbol's subscribers after at most one
     // window (one tick per symbol per window: nothing is conflated away).
     let expected = expected_frames(&counters, args.clients, args.subs_per_client);

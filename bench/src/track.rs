@@ -108,9 +108,13 @@ impl Stats {
     }
 
     pub fn count_failure(&mut self, reason: &str) {
+        self.count_failures(reason, 1);
+    }
+
+    fn count_failures(&mut self, reason: &str, n: u64) {
         match self.failures.iter_mut().find(|(r, _)| r == reason) {
-            Some(e) => e.1 += 1,
-            None => self.failures.push((reason.to_string(), 1)),
+            Some(e) => e.1 += n,
+            None => self.failures.push((reason.to_string(), n)),
         }
     }
 
@@ -131,10 +135,7 @@ impl Stats {
         }
         self.latency_us.merge(&o.latency_us);
         for (reason, n) in &o.failures {
-            match self.failures.iter_mut().find(|(r, _)| r == reason) {
-                Some(e) => e.1 += n,
-                None => self.failures.push((reason.clone(), *n)),
-            }
+            self.count_failures(reason, *n);
         }
         self.reconnect_us.merge(&o.reconnect_us);
     }

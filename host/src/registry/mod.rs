@@ -79,6 +79,14 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// An update or delete of one tenant's row: `NotFound` when no row matched.
+fn found(rows_affected: u64, tenant: &str) -> Result<(), RegistryError> {
+    if rows_affected == 0 {
+        return Err(RegistryError::NotFound(format!("tenant {tenant:?}")));
+    }
+    Ok(())
+}
+
 impl Registry {
     /// Opens (creating when needed) and migrates the registry. `url` overrides
     /// the SQLite file in `data_dir`.
@@ -203,10 +211,7 @@ impl Registry {
         .bind(&t.id)
         .execute(&self.pool)
         .await?;
-        if r.rows_affected() == 0 {
-            return Err(RegistryError::NotFound(format!("tenant {:?}", t.id)));
-        }
-        Ok(())
+        found(r.rows_affected(), &t.id)
     }
 
     pub async fn delete_tenant(&self, id: &str) -> Result<(), RegistryError> {
@@ -219,9 +224,7 @@ impl Registry {
             .bind(id)
             .execute(&mut *tx)
             .await?;
-        if r.rows_affected() == 0 {
-            return Err(RegistryError::NotFound(format!("tenant {id:?}")));
-        }
+        found(r.rows_affected(), id)?;
         tx.commit().await?;
         Ok(())
     }
@@ -322,10 +325,7 @@ impl Registry {
             .bind(tenant)
             .execute(&self.pool)
             .await?;
-        if r.rows_affected() == 0 {
-            return Err(RegistryError::NotFound(format!("tenant {tenant:?}")));
-        }
-        Ok(())
+        found(r.rows_affected(), tenant)
     }
 
     pub async fn set_source(
@@ -339,10 +339,7 @@ impl Registry {
             .bind(tenant)
             .execute(&self.pool)
             .await?;
-        if r.rows_affected() == 0 {
-            return Err(RegistryError::NotFound(format!("tenant {tenant:?}")));
-        }
-        Ok(())
+        found(r.rows_affected(), tenant)
     }
 
     /// This node's stored position in a tenant's source, if any.
