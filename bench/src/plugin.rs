@@ -144,7 +144,7 @@ fn measure_transform(p: &ActivePlugin, batch: usize, secs: f64) -> anyhow::Resul
         .iter()
         .map(|v| SourceRecord {
             timestamp_ms: 0,
-            position: 0,
+            position: None,
             key: None,
             value: v,
             // As HTTP publish delivers them: the publisher names the channel.

@@ -37,7 +37,7 @@ struct Message<'a> {
 }
 
 fn position(r: &SourceRecord<'_>) -> Option<u64> {
-    (r.position > 0).then_some(r.position)
+    r.position.map(|p| p.number)
 }
 
 fn kind_of(payload: &[u8]) -> PayloadKind {
@@ -124,7 +124,7 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
                 };
                 if let Some(reason) = problem {
                     tenant.metrics.dead_letter("bad_record", 1);
-                    tracing::warn!(tenant = %tenant.id, position = r.position, %reason, "record dead-lettered");
+                    tracing::warn!(tenant = %tenant.id, position = ?r.position, %reason, "record dead-lettered");
                     return None;
                 }
                 Some(Message {

@@ -120,7 +120,7 @@ async fn publish(
                 .iter()
                 .map(|i| SourceRecord {
                     timestamp_ms: now,
-                    position: 0,
+                    position: None,
                     key: i.key.as_deref().map(str::as_bytes),
                     value: i.data.get().as_bytes(),
                     channel: Some(&i.ch),

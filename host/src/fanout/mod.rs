@@ -9,6 +9,7 @@
 //! waits on a socket: it only pushes into bounded session queues.
 
 pub mod conflate;
+pub mod position;
 pub mod queue;
 pub mod session;
 

@@ -11,7 +11,8 @@ use crate::proto;
 #[derive(Debug, Clone, Copy)]
 pub struct SourceRecord<'a> {
     pub timestamp_ms: u64,
-    pub position: u64,
+    /// Where the record sits in its source; `None` for HTTP publish.
+    pub position: Option<crate::fanout::position::SourcePos>,
     pub key: Option<&'a [u8]>,
     pub value: &'a [u8],
     /// The channel the publisher named (HTTP publish), if any.
@@ -52,7 +53,7 @@ pub fn encode_records(records: &[SourceRecord<'_>]) -> (Vec<u8>, Vec<u64>) {
         }
         meta.extend_from_slice(&[
             r.timestamp_ms,
-            r.position,
+            r.position.map_or(0, |p| p.number),
             r.key.map_or(u64::MAX, |k| k.len() as u64),
             r.value.len() as u64,
             r.channel.map_or(0, |c| c.len() as u64),
@@ -228,7 +229,11 @@ mod tests {
         let recs = [
             SourceRecord {
                 timestamp_ms: 5,
-                position: 9,
+                position: Some(crate::fanout::position::SourcePos {
+                    stream: 0,
+                    order: (0, 9),
+                    number: 9,
+                }),
                 key: Some(b"k"),
                 value: b"{}",
                 channel: Some("c"),
@@ -236,7 +241,11 @@ mod tests {
             },
             SourceRecord {
                 timestamp_ms: 6,
-                position: 10,
+                position: Some(crate::fanout::position::SourcePos {
+                    stream: 0,
+                    order: (0, 10),
+                    number: 10,
+                }),
                 key: None,
                 value: b"x",
                 channel: None,

@@ -406,7 +406,7 @@ impl Reader {
                     timestamp_ms: r.ts,
                     // Kafka offsets are per partition, not per channel: the hub
                     // numbers these messages itself.
-                    position: 0,
+                    position: None,
                     key: r.key.as_deref(),
                     value: &r.value,
                     channel: r.channel.as_deref(),

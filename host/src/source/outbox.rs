@@ -309,7 +309,11 @@ impl Reader {
                 .iter()
                 .map(|r| SourceRecord {
                     timestamp_ms: r.ts_ms.max(0) as u64,
-                    position: r.id as u64,
+                    position: Some(crate::fanout::position::SourcePos {
+                        stream: 0,
+                        order: (0, r.id as u64),
+                        number: r.id as u64,
+                    }),
                     key: r.key.as_deref().map(str::as_bytes),
                     value: &r.value,
                     channel: Some(&r.channel),
