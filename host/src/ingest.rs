@@ -1,43 +1,32 @@
 //! Ingest: records from a tenant's source become published messages.
 //!
-//! Owns: the one path every source takes (HTTP publish today): the tenant's
-//! `transform` once per batch (never per subscriber), grouping a record's
-//! per-audience outputs under one position, holding keyed messages for the
-//! conflation window, and publishing. Invariants: a failed transform drops
-//! the whole batch into the counted dead-letter path and publishes nothing of
-//! it; a batch's held messages enter the window under one lock, so one
-//! window never splits a batch.
+//! Owns: the one path every source takes (HTTP publish, the outbox, Kafka):
+//! the tenant's `transform` once per batch (never per subscriber), grouping a
+//! record's per-audience outputs under one position and numbering a record's
+//! several messages to one channel, then delivery through the conflation
+//! window (`fanout::deliver`) and the tenant's metrics. Invariants: a failed
+//! transform drops the whole batch into the counted dead-letter path and
+//! publishes nothing of it; a batch is delivered under the tenant's window
+//! lock, so one window never splits a batch and a flush never interleaves
+//! with it.
 
-use crate::fanout::conflate::{Held, HeldVariant, Offer};
-use crate::fanout::{HistoryLimits, Variant};
+use crate::fanout::conflate::HeldVariant;
+use crate::fanout::deliver::{self, Fate, Message, Tally, Window};
+use crate::fanout::position::MESSAGES_PER_RECORD;
+use crate::fanout::{At, Variant};
 use crate::plugin::active::ActivePlugin;
 use crate::plugin::batch::{Outputs, SourceRecord};
 use crate::plugin::PluginError;
 use crate::proto::PayloadKind;
 use crate::registry::now_ms;
 use crate::tenant::Tenant;
+use std::collections::HashMap;
 
 /// What happened to one message of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     pub channel: String,
-    /// The position given, or `None` while the message waits in a conflation window.
-    pub seq: Option<u64>,
-    pub delivered: usize,
-}
-
-/// A message ready to publish: one position, one or more audience variants,
-/// borrowed from the source records or the plugin's output buffer.
-struct Message<'a> {
-    channel: &'a str,
-    key: Option<&'a str>,
-    variants: Vec<Variant<'a>>,
-    /// The source position (outbox id); `None` for sources without one.
-    position: Option<u64>,
-}
-
-fn position(r: &SourceRecord<'_>) -> Option<u64> {
-    r.position.map(|p| p.number)
+    pub fate: Fate,
 }
 
 fn kind_of(payload: &[u8]) -> PayloadKind {
@@ -48,9 +37,19 @@ fn kind_of(payload: &[u8]) -> PayloadKind {
     }
 }
 
-/// Consecutive outputs of one record to one channel are variants of one message.
-fn group<'a>(outputs: &'a Outputs, records: &[SourceRecord<'_>]) -> Vec<Message<'a>> {
+/// Consecutive outputs of one record to one channel, each for another
+/// audience, are variants of one message. Further messages of a record to a
+/// channel take the next index under the record's position, so they are
+/// told apart (and none is a "duplicate" of its sibling); a record that puts
+/// more than [`MESSAGES_PER_RECORD`] messages into one channel has the rest
+/// counted in `too_many`.
+fn group<'a>(
+    outputs: &'a Outputs,
+    records: &[SourceRecord<'_>],
+    too_many: &mut u64,
+) -> Vec<Message<'a>> {
     let mut out: Vec<(u32, Message<'_>)> = Vec::with_capacity(outputs.len());
+    let mut next_index: HashMap<(u32, &str), u64> = HashMap::new();
     for o in outputs.iter() {
         let v = Variant {
             payload: o.payload,
@@ -65,25 +64,91 @@ fn group<'a>(outputs: &'a Outputs, records: &[SourceRecord<'_>]) -> Vec<Message<
             {
                 m.variants.push(v)
             }
-            _ => out.push((
-                o.source,
-                Message {
-                    channel: o.channel,
-                    key: o.key,
-                    variants: vec![v],
-                    position: records.get(o.source as usize).and_then(position),
-                },
-            )),
+            _ => {
+                let pos = records.get(o.source as usize).and_then(|r| r.position);
+                let at = match pos {
+                    Some(pos) => {
+                        let index = next_index.entry((o.source, o.channel)).or_insert(0);
+                        if *index >= MESSAGES_PER_RECORD {
+                            *too_many += 1;
+                            continue;
+                        }
+                        *index += 1;
+                        Some(At {
+                            pos,
+                            index: *index - 1,
+                        })
+                    }
+                    None => None,
+                };
+                out.push((
+                    o.source,
+                    Message {
+                        channel: o.channel,
+                        key: o.key,
+                        variants: vec![v],
+                        at,
+                    },
+                ))
+            }
         }
     }
     out.into_iter().map(|(_, m)| m).collect()
 }
 
-fn owned(v: &Variant<'_>) -> HeldVariant {
-    HeldVariant {
-        audience: v.audience.map(str::to_string),
-        payload: v.payload.to_vec(),
-        kind: v.kind,
+/// The records themselves as messages (a tenant without a transform). Sources
+/// other than HTTP publish deliver unchecked records: a bad one is
+/// dead-lettered with its reason, the rest go on.
+fn as_messages<'a>(
+    tenant: &Tenant,
+    records: &[SourceRecord<'a>],
+    max_bytes: usize,
+) -> Vec<Message<'a>> {
+    records
+        .iter()
+        .filter_map(|r| {
+            let problem = match r.channel {
+                None => Some("the record names no channel and the tenant has no transform".to_string()),
+                Some(ch) => match crate::proto::validate_channel(ch) {
+                    Err(e) => Some(format!("channel {ch:?}: {e}")),
+                    Ok(()) if r.value.len() > max_bytes => Some(format!(
+                        "payload of {} bytes exceeds {max_bytes}",
+                        r.value.len(),
+                    )),
+                    Ok(()) => None,
+                },
+            };
+            if let Some(reason) = problem {
+                tenant.metrics.dead_letter("bad_record", 1);
+                tracing::warn!(tenant = %tenant.id, position = ?r.position, %reason, "record dead-lettered");
+                return None;
+            }
+            Some(Message {
+                channel: r.channel?,
+                key: r.key.and_then(|k| std::str::from_utf8(k).ok()),
+                variants: vec![Variant {
+                    audience: None,
+                    payload: r.value,
+                    kind: kind_of(r.value),
+                }],
+                at: r.position.map(|pos| At { pos, index: 0 }),
+            })
+        })
+        .collect()
+}
+
+/// Counts what a batch or a flush did in the tenant's metrics.
+fn record(tenant: &Tenant, t: &Tally) {
+    let m = &tenant.metrics;
+    m.published.increment(t.published);
+    m.duplicates.increment(t.duplicates);
+    m.rebased.increment(t.rebased);
+    m.window_conflated.increment(t.window_conflated);
+    m.conflated.increment(t.queue_conflated);
+    m.dropped.increment(t.dropped);
+    m.disconnected.increment(t.disconnected);
+    for ch in &t.newly_rebased {
+        tracing::warn!(tenant = %tenant.id, channel = %ch, "channel fed from several source streams (e.g. Kafka partitions): positions behind it are published at the channel's next seq, which other nodes may number differently");
     }
 }
 
@@ -104,184 +169,80 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
         None => None,
     };
     let messages = match &outputs {
-        Some(o) => group(o, records),
-        None => records
-            .iter()
-            .filter_map(|r| {
-                // Sources other than HTTP publish deliver unchecked records: a
-                // bad one is dead-lettered with its reason, the rest go on.
-                let problem = match r.channel {
-                    None => Some("the record names no channel and the tenant has no transform".to_string()),
-                    Some(ch) => match crate::proto::validate_channel(ch) {
-                        Err(e) => Some(format!("channel {ch:?}: {e}")),
-                        Ok(()) if r.value.len() > settings.limits.max_message_bytes => Some(format!(
-                            "payload of {} bytes exceeds {}",
-                            r.value.len(),
-                            settings.limits.max_message_bytes
-                        )),
-                        Ok(()) => None,
-                    },
-                };
-                if let Some(reason) = problem {
-                    tenant.metrics.dead_letter("bad_record", 1);
-                    tracing::warn!(tenant = %tenant.id, position = ?r.position, %reason, "record dead-lettered");
-                    return None;
-                }
-                Some(Message {
-                    channel: r.channel?,
-                    key: r.key.and_then(|k| std::str::from_utf8(k).ok()),
-                    variants: vec![Variant {
-                        audience: None,
-                        payload: r.value,
-                        kind: kind_of(r.value),
-                    }],
-                    position: position(r),
-                })
-            })
-            .collect(),
+        Some(o) => {
+            let mut too_many = 0;
+            let messages = group(o, records, &mut too_many);
+            if too_many > 0 {
+                tenant.metrics.dead_letter("too_many_messages", too_many);
+                tracing::warn!(tenant = %tenant.id, dropped = too_many, "a record put more than {MESSAGES_PER_RECORD} messages into one channel; the rest are dead-lettered");
+            }
+            messages
+        }
+        None => as_messages(tenant, records, settings.limits.max_message_bytes),
     };
+    let channels: Vec<String> = messages.iter().map(|m| m.channel.to_string()).collect();
     let merge = plugin.as_ref().filter(|p| p.info.hooks.merge);
     let max = settings.limits.max_message_bytes;
+    let combine = |key: &str, older: &HeldVariant, newer: HeldVariant| match merge {
+        Some(p) => match p.merge(key, &older.payload, &newer.payload, max) {
+            Ok(payload) => HeldVariant {
+                kind: kind_of(&payload),
+                payload,
+                audience: newer.audience,
+            },
+            Err(e) => {
+                tenant.metrics.dead_letter(e.kind(), 1);
+                tracing::warn!(tenant = %tenant.id, kind = e.kind(), error = %e, "merge failed; the newer message wins");
+                newer
+            }
+        },
+        None => newer,
+    };
     let now = now_ms() as u64;
     let history = settings.limits.history();
-    let mut outcomes = Vec::with_capacity(messages.len());
-    let mut now_publish: Vec<Message<'_>> = Vec::new();
-    let mut overflow: Vec<Held> = Vec::new();
-    {
-        // One lock for the whole batch: one window never splits a batch.
-        let mut held = None;
-        for m in messages {
-            let key = match m.key {
-                Some(k) if settings.conflation.applies_to(m.channel) => k,
-                _ => {
-                    now_publish.push(m);
-                    continue;
-                }
-            };
-            let conflator = held.get_or_insert_with(|| tenant.conflator.lock());
-            let msg = Held {
-                channel: m.channel.to_string(),
-                key: key.to_string(),
-                variants: m.variants.iter().map(owned).collect(),
-                count: 1,
-                position: m.position,
-            };
-            let (offer, back) = conflator.offer(msg, |key, older, newer| match merge {
-                Some(p) => match p.merge(key, &older.payload, &newer.payload, max) {
-                    Ok(payload) => HeldVariant { kind: kind_of(&payload), payload, audience: newer.audience },
-                    Err(e) => {
-                        tenant.metrics.dead_letter(e.kind(), 1);
-                        tracing::warn!(tenant = %tenant.id, kind = e.kind(), error = %e, "merge failed; the newer message wins");
-                        newer
-                    }
-                },
-                None => newer,
-            });
-            match offer {
-                Offer::Conflated => tenant.metrics.window_conflated.increment(1),
-                Offer::Held => {}
-                Offer::Full => {
-                    overflow.push(back.expect("a full conflator hands the message back"));
-                    continue;
-                }
-            }
-            outcomes.push(Outcome {
-                channel: m.channel.to_string(),
-                seq: None,
-                delivered: 0,
-            });
-        }
-    }
-    for m in &now_publish {
-        let (seq, delivered) = publish(
-            tenant,
-            m.channel,
-            m.position,
-            m.key,
-            &m.variants,
+    let mut tally = Tally::default();
+    let fates = {
+        // The window stays locked for the whole batch: one window never splits
+        // a batch, and a flush never interleaves with it on a channel.
+        let mut pending = tenant.conflator.lock();
+        let window = (settings.conflation.window_ms > 0 || !pending.is_empty()).then(|| Window {
+            pending: &mut pending,
+            settings: &settings.conflation,
+        });
+        deliver::deliver(
+            &tenant.hub,
+            window,
+            messages,
             history,
             now,
-        );
-        outcomes.push(Outcome {
-            channel: m.channel.to_string(),
-            seq,
-            delivered,
-        });
-    }
-    for h in &overflow {
-        let (seq, delivered) = publish_held(tenant, h, history, now);
-        outcomes.push(Outcome {
-            channel: h.channel.clone(),
-            seq,
-            delivered,
-        });
-    }
-    Ok(outcomes)
-}
-
-/// Publishes one message. A position the channel already passed (the source
-/// delivered it before) publishes nothing: `(None, 0)`.
-fn publish(
-    tenant: &Tenant,
-    channel: &str,
-    position: Option<u64>,
-    key: Option<&str>,
-    variants: &[Variant<'_>],
-    history: HistoryLimits,
-    now: u64,
-) -> (Option<u64>, usize) {
-    let published = tenant
-        .hub
-        .publish_at(channel, position, key, variants, history, now);
-    let Some((seq, report)) = published else {
-        tenant.metrics.duplicates.increment(1);
-        return (None, 0);
+            combine,
+            &mut tally,
+        )
     };
-    tenant.metrics.published.increment(1);
-    tenant.metrics.conflated.increment(report.conflated as u64);
-    tenant.metrics.dropped.increment(report.dropped as u64);
-    tenant
-        .metrics
-        .disconnected
-        .increment(report.disconnected as u64);
-    (Some(seq), report.delivered)
-}
-
-fn publish_held(
-    tenant: &Tenant,
-    h: &Held,
-    history: HistoryLimits,
-    now: u64,
-) -> (Option<u64>, usize) {
-    let v: Vec<Variant<'_>> = h
-        .variants
-        .iter()
-        .map(|v| Variant {
-            payload: &v.payload,
-            kind: v.kind,
-            audience: v.audience.as_deref(),
-        })
-        .collect();
-    publish(
-        tenant,
-        &h.channel,
-        h.position,
-        Some(&h.key),
-        &v,
-        history,
-        now,
-    )
+    record(tenant, &tally);
+    Ok(channels
+        .into_iter()
+        .zip(fates)
+        .map(|(channel, fate)| Outcome { channel, fate })
+        .collect())
 }
 
 /// Closes the tenant's conflation window: publishes what it held.
 pub fn flush(tenant: &Tenant) -> usize {
-    let held = tenant.conflator.lock().drain();
-    let now = now_ms() as u64;
     let history = tenant.settings().limits.history();
-    for h in &held {
-        publish_held(tenant, h, history, now);
-    }
-    held.len()
+    let mut tally = Tally::default();
+    let n = {
+        let mut pending = tenant.conflator.lock();
+        deliver::flush(
+            &tenant.hub,
+            &mut pending,
+            history,
+            now_ms() as u64,
+            &mut tally,
+        )
+    };
+    record(tenant, &tally);
+    n
 }
 
 /// Runs one batch's ingest (`run`, which calls [`ingest`]) where the tenant's

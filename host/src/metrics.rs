@@ -56,6 +56,9 @@ pub struct TenantMetrics {
     closed_by: [Counter; 8],
     /// Source records whose position a channel had already passed.
     pub duplicates: Counter,
+    /// Source messages published at the channel's next position because
+    /// another stream (a second Kafka partition) fed the channel further.
+    pub rebased: Counter,
     pub source_up: Gauge,
     pub source_lag: Gauge,
     pub source_records: Counter,
@@ -84,6 +87,7 @@ impl TenantMetrics {
             source_records: counter!("herald_source_records_total", "tenant" => t.clone()),
             source_errors: counter!("herald_source_errors_total", "tenant" => t.clone()),
             duplicates: counter!("herald_source_duplicates_total", "tenant" => t.clone()),
+            rebased: counter!("herald_source_rebased_total", "tenant" => t.clone()),
             closed_by: CLOSE_REASONS.map(
                 |r| counter!("herald_sessions_closed_total", "tenant" => t.clone(), "reason" => r),
             ),

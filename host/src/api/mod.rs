@@ -35,6 +35,9 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     Unprocessable(String),
+    /// HTTP publish on a tenant whose messages come from another source.
+    #[error("tenant {0:?} reads from its {1} source; publish into that source (an HTTP publish would take positions the source cannot agree with), or set the source to http")]
+    SourceNotHttp(String, &'static str),
     #[error("rate limit exceeded")]
     RateLimited(Duration),
     #[error("server is shutting down")]
@@ -54,6 +57,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::Conflict(_) => "conflict",
             ApiError::Unprocessable(_) => "unprocessable",
+            ApiError::SourceNotHttp(..) => "source_not_http",
             ApiError::RateLimited(_) => "rate_limited",
             ApiError::Unavailable => "unavailable",
             ApiError::TransformFailed(..) => "transform_failed",
@@ -79,7 +83,7 @@ impl IntoResponse for ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Conflict(_) | ApiError::SourceNotHttp(..) => StatusCode::CONFLICT,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,

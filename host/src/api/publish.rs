@@ -5,6 +5,7 @@
 
 use super::{bearer, ApiError};
 use crate::app::App;
+use crate::fanout::deliver::Fate;
 use crate::ingest;
 use crate::plugin::batch::SourceRecord;
 use crate::proto;
@@ -69,6 +70,13 @@ async fn publish(
             tenant.metrics.publish_rejected("unauthorized");
             return Err(ApiError::Unauthorized);
         }
+    }
+    // Positions come from one source per tenant: a publish beside an outbox or
+    // Kafka would move channels ahead of rows still to come.
+    let source = tenant.source.lock().config.kind();
+    if source != "http" {
+        tenant.metrics.publish_rejected("source_not_http");
+        return Err(ApiError::SourceNotHttp(tenant.id.to_string(), source));
     }
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
     let (items, batch) = match first {
@@ -136,9 +144,13 @@ async fn publish(
         .map_err(|e| ApiError::TransformFailed(e.kind(), e.to_string()))?;
     let mut results: Vec<serde_json::Value> = outcomes
         .iter()
-        .map(|o| match o.seq {
-            Some(seq) => serde_json::json!({"ch": o.channel, "seq": seq, "delivered": o.delivered}),
-            None => serde_json::json!({"ch": o.channel, "seq": null, "held": true}),
+        .map(|o| match o.fate {
+            Fate::Published { seq, delivered } => {
+                serde_json::json!({"ch": o.channel, "seq": seq, "delivered": delivered})
+            }
+            Fate::Held => serde_json::json!({"ch": o.channel, "seq": null, "held": true}),
+            // HTTP publishes carry no source position; kept for completeness.
+            Fate::Duplicate => serde_json::json!({"ch": o.channel, "seq": null, "duplicate": true}),
         })
         .collect();
     let body = if batch || results.len() != 1 {

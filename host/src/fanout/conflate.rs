@@ -3,10 +3,13 @@
 //! (channel, key) when the window closes.
 //!
 //! Owns: the pending set of one tenant and the rule of which channels have a
-//! window. Invariants: pending entries keep their first-arrival order, so a
-//! flush publishes in a stable order; the pending set is bounded (a message
-//! that would exceed the bound is published at once instead of held).
+//! window. Invariants: entries leave in the order their newest messages
+//! arrived (the source's order), whole or per channel, so a window collapses
+//! a channel's messages but never reorders them; the pending set is bounded
+//! (a message that would exceed the bound is published at once instead of
+//! held, after what its channel holds).
 
+use super::At;
 use crate::proto::PayloadKind;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -62,16 +65,31 @@ pub struct Held {
     pub count: u64,
     /// The source position of the newest message it stands for, if the
     /// source has positions.
-    pub position: Option<u64>,
+    pub at: Option<At>,
+    /// The newest position of every other stream it stands for (one channel
+    /// fed by several Kafka partitions), so their re-reads are duplicates too.
+    pub also: Vec<At>,
 }
 
 /// Most (channel, key) pairs held per tenant.
 pub const MAX_HELD: usize = 100_000;
 
-#[derive(Debug, Default)]
+/// The held messages of one channel, by key, each with when it last arrived.
+type ChannelWindow = HashMap<String, (u64, Held)>;
+
+#[derive(Debug)]
 pub struct Conflator {
-    order: Vec<Held>,
-    index: HashMap<(String, String), usize>,
+    channels: HashMap<String, ChannelWindow>,
+    len: usize,
+    max: usize,
+    /// Counts offers: an entry's arrival is that of its newest message.
+    arrivals: u64,
+}
+
+impl Default for Conflator {
+    fn default() -> Self {
+        Conflator::with_max(MAX_HELD)
+    }
 }
 
 /// What offering a message did.
@@ -79,54 +97,136 @@ pub struct Conflator {
 pub enum Offer {
     /// Held as a new entry.
     Held,
+    /// The held entry already stands for this source position (a re-read):
+    /// dropped.
+    Duplicate,
     /// Replaced or merged into an entry already held.
     Conflated,
-    /// The pending set is full: publish it now instead.
+    /// The pending set is full: publish it now instead (after its channel's
+    /// held messages, to keep the channel's order).
     Full,
 }
 
+/// Entries in the order their newest messages arrived: the order the
+/// source delivered them in, so a flush never publishes a channel's
+/// messages out of their source order.
+fn in_arrival_order(mut entries: Vec<(u64, Held)>) -> Vec<Held> {
+    entries.sort_unstable_by_key(|(arrival, _)| *arrival);
+    entries.into_iter().map(|(_, h)| h).collect()
+}
+
 impl Conflator {
+    /// A pending set of at most `max` (channel, key) pairs.
+    pub fn with_max(max: usize) -> Conflator {
+        Conflator {
+            channels: HashMap::new(),
+            len: 0,
+            max,
+            arrivals: 0,
+        }
+    }
+
     pub fn len(&self) -> usize {
-        self.order.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.order.is_empty()
+        self.len == 0
     }
 
     /// Holds `msg`, combining it with an earlier one of the same channel and
     /// key through `combine(key, older, newer)` (latest-wins or the plugin's
-    /// merge). Variants are matched by audience.
+    /// merge). The entry takes the newer message's variants, each combined
+    /// with the older variant its audience would have received, and the
+    /// newer message's place in the order.
     pub fn offer(
         &mut self,
         msg: Held,
         mut combine: impl FnMut(&str, &HeldVariant, HeldVariant) -> HeldVariant,
     ) -> (Offer, Option<Held>) {
-        let id = (msg.channel.clone(), msg.key.clone());
-        if let Some(&i) = self.index.get(&id) {
-            let held = &mut self.order[i];
-            held.count += msg.count;
-            held.position = held.position.max(msg.position);
-            for v in msg.variants {
-                match held.variants.iter_mut().find(|o| o.audience == v.audience) {
-                    Some(old) => *old = combine(&msg.key, old, v),
-                    None => held.variants.push(v),
+        self.arrivals += 1;
+        let arrival = self.arrivals;
+        if let Some((at, held)) = self
+            .channels
+            .get_mut(&msg.channel)
+            .and_then(|w| w.get_mut(&msg.key))
+        {
+            // Within one stream a source delivers in order: a position at or
+            // below one the entry stands for is a re-read.
+            if let Some(new) = msg.at {
+                let seen = held
+                    .at
+                    .iter()
+                    .chain(&held.also)
+                    .find(|a| a.pos.stream == new.pos.stream);
+                if seen.is_some_and(|a| new.order() <= a.order()) {
+                    return (Offer::Duplicate, None);
                 }
             }
+            // The entry is published at its newest message's position (none
+            // for HTTP publish); the others it stands for are kept in `also`.
+            let stream = msg.at.map(|a| a.pos.stream);
+            if let Some(old) = held.at.filter(|a| Some(a.pos.stream) != stream) {
+                held.also.retain(|a| a.pos.stream != old.pos.stream);
+                held.also.push(old);
+            }
+            held.also.retain(|a| Some(a.pos.stream) != stream);
+            held.at = msg.at;
+            *at = arrival;
+            held.count += msg.count;
+            // The entry becomes what each audience would see of the newer
+            // message, combined with what it would have seen of the older.
+            let older = std::mem::take(&mut held.variants);
+            held.variants = msg
+                .variants
+                .into_iter()
+                .map(|v| {
+                    let seen = older
+                        .iter()
+                        .find(|o| o.audience == v.audience)
+                        .or_else(|| older.iter().find(|o| o.audience.is_none()));
+                    match seen {
+                        Some(o) => combine(&msg.key, o, v),
+                        None => v,
+                    }
+                })
+                .collect();
             return (Offer::Conflated, None);
         }
-        if self.order.len() >= MAX_HELD {
+        if self.len >= self.max {
             return (Offer::Full, Some(msg));
         }
-        self.index.insert(id, self.order.len());
-        self.order.push(msg);
+        self.len += 1;
+        self.channels
+            .entry(msg.channel.clone())
+            .or_default()
+            .insert(msg.key.clone(), (arrival, msg));
         (Offer::Held, None)
     }
 
-    /// Everything held, in first-arrival order.
+    /// True when `channel` has held messages.
+    pub fn holds(&self, channel: &str) -> bool {
+        self.channels.contains_key(channel)
+    }
+
+    /// Everything `channel` holds, in arrival order.
+    pub fn take_channel(&mut self, channel: &str) -> Vec<Held> {
+        let Some(w) = self.channels.remove(channel) else {
+            return Vec::new();
+        };
+        self.len -= w.len();
+        in_arrival_order(w.into_values().collect())
+    }
+
+    /// Everything held, in arrival order.
     pub fn drain(&mut self) -> Vec<Held> {
-        self.index.clear();
-        std::mem::take(&mut self.order)
+        self.len = 0;
+        in_arrival_order(
+            self.channels
+                .drain()
+                .flat_map(|(_, w)| w.into_values())
+                .collect(),
+        )
     }
 }
 
@@ -144,7 +244,8 @@ mod tests {
                 kind: PayloadKind::Json,
             }],
             count: 1,
-            position: None,
+            at: None,
+            also: vec![],
         }
     }
 

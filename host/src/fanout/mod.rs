@@ -1,38 +1,63 @@
 //! Fan-out: per-channel positions and history, and delivery into session queues.
 //!
-//! Owns: `seq`/`prev` assignment, the bounded history per channel (count and
-//! age) used for resume, the channel epoch, and the subscriber lists.
-//! Invariants: a message is encoded once per wire format and shared by every
-//! subscriber (`Arc<Published>`); `seq` only increases within an epoch;
-//! subscribing replays history and joins the live list under one channel lock,
-//! so no message is missed or duplicated between the two. Publishing never
+//! Owns: `seq`/`prev` assignment (the position model: ARCHITECTURE.md,
+//! "Positions"), the per-stream marks that recognise a source record
+//! published before, the bounded history per channel (count and age) used
+//! for resume, the channel epoch, and the subscriber sets.
+//! Invariants: a message is encoded once per wire format (and once per
+//! distinct `prev` among audiences) and shared by every subscriber
+//! (`Arc<Published>`); `seq` only increases within an epoch; a message is
+//! dropped as a duplicate only when its own source position (stream, order,
+//! index) was already published on the channel; a frame's `prev` is the
+//! previous position the receiving session's audience was sent, so a session
+//! tells a lost message from one that was not for it; history keeps or drops
+//! a position with all its variants together; subscribing replays history
+//! and joins the live set under one channel lock, so no message is missed or
+//! duplicated between the two; a channel is swept only while nobody else
+//! holds it, so a subscriber never joins a dead channel. Publishing never
 //! waits on a socket: it only pushes into bounded session queues.
 
 pub mod conflate;
+pub mod deliver;
+#[cfg(test)]
+mod model;
 pub mod position;
 pub mod queue;
 pub mod session;
 
 use crate::proto::{self, sse, ws, PayloadKind};
 use bytes::Bytes;
+use indexmap::IndexMap;
 use parking_lot::Mutex;
+use position::{SourcePos, MESSAGES_PER_RECORD};
 use queue::Wire;
 use session::{Delivery, SessionHandle};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-/// One message of one channel, encoded once for each wire format.
+/// Which sessions a frame is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Serves {
+    /// Sessions of this audience: the plugin tagged the variant.
+    Audience(Arc<str>),
+    /// Every session without a variant of its own.
+    Rest,
+    /// The untagged variant, for these audiences only: they were sent a
+    /// position the rest were not, so their `prev` differs.
+    Listed(Box<[Arc<str>]>),
+}
+
+/// One frame of one message of one channel, encoded once for each wire format.
 #[derive(Debug)]
 pub struct Published {
     pub ch: Arc<str>,
     pub epoch: u64,
     pub seq: u64,
+    /// The previous position the sessions this frame serves were sent.
     pub prev: u64,
     /// Conflation key given by the publisher.
     pub key: Option<Arc<str>>,
-    /// Only sessions of this audience receive this variant; `None`: everyone
-    /// who has no variant of their own.
-    pub audience: Option<Arc<str>>,
+    pub serves: Serves,
     /// Publish time, milliseconds since the Unix epoch.
     pub at_ms: u64,
     /// The complete WebSocket text frame.
@@ -57,7 +82,7 @@ impl Published {
             seq,
             prev: seq.saturating_sub(1),
             key: key.map(Into::into),
-            audience: None,
+            serves: Serves::Rest,
             at_ms: 0,
             ws: Bytes::from(vec![b'x'; size]),
             sse: Bytes::from(vec![b'x'; size]),
@@ -68,6 +93,7 @@ impl Published {
 /// How much history each channel keeps for resume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HistoryLimits {
+    /// Positions kept (a position with several audience variants counts once).
     pub max_messages: usize,
     pub max_age_ms: u64,
 }
@@ -88,23 +114,51 @@ pub struct Variant<'a> {
     pub audience: Option<&'a str>,
 }
 
-/// The variant a session of `audience` receives, if any.
-fn pick<'a>(variants: &'a [Arc<Published>], audience: Option<&str>) -> Option<&'a Arc<Published>> {
-    if let [only] = variants {
-        if only.audience.is_none() {
+/// A message's place in its source: the record's position and which of the
+/// record's messages to this channel it is (0 for the first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct At {
+    pub pos: SourcePos,
+    pub index: u64,
+}
+
+impl At {
+    /// The `seq` the message takes when the channel has not passed it.
+    pub fn seq(&self) -> u64 {
+        self.pos.number * MESSAGES_PER_RECORD + self.index
+    }
+
+    pub(crate) fn order(&self) -> ((u64, u64), u64) {
+        (self.pos.order, self.index)
+    }
+}
+
+/// The frame a session of `audience` receives out of one position's frames.
+fn pick<'a>(frames: &'a [Arc<Published>], audience: Option<&str>) -> Option<&'a Arc<Published>> {
+    if let [only] = frames {
+        if only.serves == Serves::Rest {
             return Some(only);
         }
     }
-    audience
-        .and_then(|a| variants.iter().find(|v| v.audience.as_deref() == Some(a)))
-        .or_else(|| variants.iter().find(|v| v.audience.is_none()))
+    if let Some(a) = audience {
+        let own = frames.iter().find(|f| match &f.serves {
+            Serves::Audience(x) => &**x == a,
+            Serves::Listed(list) => list.iter().any(|x| &**x == a),
+            Serves::Rest => false,
+        });
+        if own.is_some() {
+            return own;
+        }
+    }
+    frames.iter().find(|f| f.serves == Serves::Rest)
 }
 
 /// What a subscribe found, so the session can answer the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubscribeResult {
     pub epoch: u64,
-    /// The channel's latest position at the moment of joining.
+    /// The last position the session's audience was sent at the moment of
+    /// joining: the `prev` of the next message it gets live.
     pub head: u64,
     /// Positions the history could not cover, as `(from, to)` inclusive.
     pub gap: Option<(u64, u64)>,
@@ -118,6 +172,11 @@ pub struct PublishReport {
     pub conflated: usize,
     pub dropped: usize,
     pub disconnected: usize,
+    /// The source position was behind the channel's (another stream fed it
+    /// further): published at the channel's next position instead.
+    pub rebased: bool,
+    /// This publish was the channel's first rebase: worth one log line.
+    pub first_rebase: bool,
 }
 
 impl PublishReport {
@@ -138,25 +197,203 @@ impl PublishReport {
     }
 }
 
+/// The channel already published this source position: nothing was done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Duplicate;
+
+/// The last source position a channel published from one stream.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    stream: u32,
+    last: ((u64, u64), u64),
+}
+
+/// Audiences tracked per channel beyond which the ones equivalent to the
+/// rest are forgotten.
+const TRACKED_AUDIENCES: usize = 64;
+
+/// The frames of one position: one per variant (and per distinct `prev`).
+type Entry = Box<[Arc<Published>]>;
+
 struct Channel {
     name: Arc<str>,
     epoch: u64,
     seq: u64,
-    history: VecDeque<Arc<Published>>,
-    subscribers: Vec<Arc<SessionHandle>>,
+    history: VecDeque<Entry>,
+    /// Keyed by the handle's address: O(1) leave, Vec-like iteration.
+    subscribers: IndexMap<usize, Arc<SessionHandle>>,
+    marks: Vec<Mark>,
+    /// The last position that had an untagged variant (sent to everyone
+    /// without a variant of their own).
+    untagged_last: u64,
+    /// Per audience, the last position that had a variant tagged for it.
+    tagged_last: HashMap<Arc<str>, u64>,
+    rebased: bool,
+}
+
+fn key_of(s: &Arc<SessionHandle>) -> usize {
+    Arc::as_ptr(s) as usize
 }
 
 impl Channel {
+    fn new(name: Arc<str>) -> Channel {
+        Channel {
+            name,
+            epoch: new_epoch(),
+            seq: 0,
+            history: VecDeque::new(),
+            subscribers: IndexMap::new(),
+            marks: Vec::new(),
+            untagged_last: 0,
+            tagged_last: HashMap::new(),
+            rebased: false,
+        }
+    }
+
     fn trim(&mut self, limits: HistoryLimits, now_ms: u64) {
         while self.history.len() > limits.max_messages {
             self.history.pop_front();
         }
         while let Some(front) = self.history.front() {
-            if now_ms.saturating_sub(front.at_ms) > limits.max_age_ms {
+            if now_ms.saturating_sub(front[0].at_ms) > limits.max_age_ms {
                 self.history.pop_front();
             } else {
                 break;
             }
+        }
+    }
+
+    /// The last position sessions of `audience` were sent.
+    fn last_for(&self, audience: Option<&str>) -> u64 {
+        match audience.and_then(|a| self.tagged_last.get(a)) {
+            Some(&t) => t.max(self.untagged_last),
+            None => self.untagged_last,
+        }
+    }
+
+    /// Notes that the channel has had `at` (and everything of its stream
+    /// before it); false when it had already.
+    fn mark(&mut self, at: At) -> bool {
+        match self.marks.iter_mut().find(|m| m.stream == at.pos.stream) {
+            Some(m) if at.order() <= m.last => false,
+            Some(m) => {
+                m.last = at.order();
+                true
+            }
+            None => {
+                self.marks.push(Mark {
+                    stream: at.pos.stream,
+                    last: at.order(),
+                });
+                true
+            }
+        }
+    }
+
+    /// The position for a message at `at` that also stands for `also` (a
+    /// conflated message), or why there is none.
+    fn position(
+        &mut self,
+        at: Option<At>,
+        also: &[At],
+        report: &mut PublishReport,
+    ) -> Result<u64, Duplicate> {
+        if at.is_some_and(|at| !self.mark(at)) {
+            return Err(Duplicate);
+        }
+        for a in also {
+            self.mark(*a);
+        }
+        let Some(at) = at else {
+            return Ok(self.seq + 1);
+        };
+        let derived = at.seq();
+        if derived > self.seq {
+            return Ok(derived);
+        }
+        report.rebased = true;
+        report.first_rebase = !self.rebased;
+        self.rebased = true;
+        Ok(self.seq + 1)
+    }
+
+    /// Encodes `variants` at `seq`: each tagged variant with its audience's
+    /// previous position, the untagged one once for the rest and once more
+    /// per group of audiences whose previous position differs.
+    fn encode(
+        &self,
+        seq: u64,
+        key: Option<&Arc<str>>,
+        variants: &[Variant<'_>],
+        now_ms: u64,
+    ) -> Vec<Arc<Published>> {
+        let frame = |prev: u64, v: &Variant<'_>, serves: Serves| {
+            let json = proto::encode_msg(&self.name, seq, prev, v.payload, v.kind);
+            Arc::new(Published {
+                ch: self.name.clone(),
+                epoch: self.epoch,
+                seq,
+                prev,
+                key: key.cloned(),
+                serves,
+                at_ms: now_ms,
+                ws: ws::encode_frame(ws::OpCode::Text, json.as_bytes()),
+                sse: sse::encode_event_body("msg", &json),
+            })
+        };
+        let mut out = Vec::with_capacity(variants.len());
+        for v in variants {
+            match v.audience {
+                Some(a) => out.push(frame(self.last_for(Some(a)), v, Serves::Audience(a.into()))),
+                None => {
+                    out.push(frame(self.untagged_last, v, Serves::Rest));
+                    if self.tagged_last.is_empty() {
+                        continue;
+                    }
+                    // Audiences sent a tagged-only position since the last
+                    // untagged one, grouped by that position.
+                    let mut ahead: Vec<(u64, Arc<str>)> = self
+                        .tagged_last
+                        .iter()
+                        .filter(|(a, &t)| {
+                            t > self.untagged_last
+                                && !variants.iter().any(|x| x.audience == Some(&***a))
+                        })
+                        .map(|(a, &t)| (t, a.clone()))
+                        .collect();
+                    ahead.sort();
+                    for group in ahead.chunk_by(|x, y| x.0 == y.0) {
+                        let list: Box<[Arc<str>]> = group.iter().map(|(_, a)| a.clone()).collect();
+                        out.push(frame(group[0].0, v, Serves::Listed(list)));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Records that `seq` went to the audiences of `variants`.
+    fn sent(&mut self, seq: u64, variants: &[Variant<'_>]) {
+        self.seq = seq;
+        let mut untagged = false;
+        for v in variants {
+            match v.audience {
+                Some(a) => match self.tagged_last.get_mut(a) {
+                    Some(t) => *t = seq,
+                    None => {
+                        self.tagged_last.insert(a.into(), seq);
+                    }
+                },
+                None => untagged = true,
+            }
+        }
+        if untagged {
+            self.untagged_last = seq;
+        }
+        if self.tagged_last.len() > TRACKED_AUDIENCES {
+            // An audience not ahead of the rest is the rest.
+            let rest = self.untagged_last;
+            self.tagged_last.retain(|_, t| *t > rest);
         }
     }
 }
@@ -180,21 +417,28 @@ fn new_epoch() -> u64 {
 }
 
 impl Hub {
+    /// The channel, created when missing. The clone handed out keeps the
+    /// sweeper away until the caller drops it.
     fn channel(&self, name: &str) -> Arc<Mutex<Channel>> {
         let mut map = self.channels.lock();
         if let Some(c) = map.get(name) {
             return c.clone();
         }
         let name: Arc<str> = name.into();
-        let c = Arc::new(Mutex::new(Channel {
-            name: name.clone(),
-            epoch: new_epoch(),
-            seq: 0,
-            history: VecDeque::new(),
-            subscribers: Vec::new(),
-        }));
+        let c = Arc::new(Mutex::new(Channel::new(name.clone())));
         map.insert(name, c.clone());
         c
+    }
+
+    /// True when `ch` already published the source position `at`.
+    pub fn has(&self, ch: &str, at: At) -> bool {
+        let Some(chan) = self.channels.lock().get(ch).cloned() else {
+            return false;
+        };
+        let c = chan.lock();
+        c.marks
+            .iter()
+            .any(|m| m.stream == at.pos.stream && at.order() <= m.last)
     }
 
     /// Number of channels currently held (with subscribers or history).
@@ -215,65 +459,35 @@ impl Hub {
             kind: msg.kind,
             audience: None,
         }];
-        self.publish_variants(msg.ch, msg.key, &v, limits, now_ms)
-    }
-
-    /// Publishes one message in per-audience variants under one position.
-    pub fn publish_variants(
-        &self,
-        ch: &str,
-        key: Option<&str>,
-        variants: &[Variant<'_>],
-        limits: HistoryLimits,
-        now_ms: u64,
-    ) -> (u64, PublishReport) {
-        self.publish_at(ch, None, key, variants, limits, now_ms)
+        self.publish_at(msg.ch, None, &[], msg.key, &v, limits, now_ms)
             .expect("a position the hub assigns is always new")
     }
 
-    /// Publishes at the source's `position` (an outbox id: every node gives
-    /// the message the same `seq`), or at the next position when `None`.
-    /// A position not above the channel's last is a duplicate: nothing is
-    /// published and `None` returned.
+    /// Publishes one message in per-audience variants under one position:
+    /// the source's (`at`: every node gives the message the same `seq`), or
+    /// the channel's next when `None`. A source position this channel already
+    /// published from the same stream is a [`Duplicate`]: nothing happens.
+    /// `also` are positions of other streams the message stands for (a
+    /// conflation of several), marked as had.
     pub fn publish_at(
         &self,
         ch: &str,
-        position: Option<u64>,
+        at: Option<At>,
+        also: &[At],
         key: Option<&str>,
         variants: &[Variant<'_>],
         limits: HistoryLimits,
         now_ms: u64,
-    ) -> Option<(u64, PublishReport)> {
+    ) -> Result<(u64, PublishReport), Duplicate> {
         let chan = self.channel(ch);
         let mut c = chan.lock();
-        let prev = c.seq;
-        let seq = match position {
-            Some(p) if p <= prev => return None,
-            Some(p) => p,
-            None => prev + 1,
-        };
-        c.seq = seq;
-        let key: Option<Arc<str>> = key.map(Into::into);
-        let encoded: Vec<Arc<Published>> = variants
-            .iter()
-            .map(|v| {
-                let json = proto::encode_msg(&c.name, seq, prev, v.payload, v.kind);
-                Arc::new(Published {
-                    ch: c.name.clone(),
-                    epoch: c.epoch,
-                    seq,
-                    prev,
-                    key: key.clone(),
-                    audience: v.audience.map(Into::into),
-                    at_ms: now_ms,
-                    ws: ws::encode_frame(ws::OpCode::Text, json.as_bytes()),
-                    sse: sse::encode_event_body("msg", &json),
-                })
-            })
-            .collect();
         let mut report = PublishReport::default();
-        c.subscribers.retain(|s| {
-            let Some(p) = pick(&encoded, s.audience()) else {
+        let seq = c.position(at, also, &mut report)?;
+        let key: Option<Arc<str>> = key.map(Into::into);
+        let frames = c.encode(seq, key.as_ref(), variants, now_ms);
+        c.sent(seq, variants);
+        c.subscribers.retain(|_, s| {
+            let Some(p) = pick(&frames, s.audience()) else {
                 return true;
             };
             let d = s.deliver_msg(p);
@@ -281,15 +495,15 @@ impl Hub {
             !matches!(d, Delivery::Disconnected | Delivery::Closed)
         });
         if limits.max_messages > 0 {
-            c.history.extend(encoded);
+            c.history.push_back(frames.into_boxed_slice());
         }
         c.trim(limits, now_ms);
-        Some((seq, report))
+        Ok((seq, report))
     }
 
-    /// Replays history after `since` (when given) and joins the live list.
-    /// `before_replay` runs under the channel lock before any replayed frame is
-    /// queued, so the session's ack precedes its messages.
+    /// Replays history after `since` (when given) and joins the live set.
+    /// `before_replay(epoch, head)` runs under the channel lock before any
+    /// replayed frame is queued, so the session's ack precedes its messages.
     pub fn subscribe(
         &self,
         ch: &str,
@@ -302,7 +516,8 @@ impl Hub {
         let chan = self.channel(ch);
         let mut c = chan.lock();
         c.trim(limits, now_ms);
-        let head = c.seq;
+        let audience = session.audience();
+        let head = c.last_for(audience);
         before_replay(c.epoch, head);
         let mut result = SubscribeResult {
             epoch: c.epoch,
@@ -313,37 +528,30 @@ impl Hub {
         if let Some((since, epoch)) = resume {
             // A different epoch means the positions the client holds belong to
             // a lost history: everything it cannot get here is a gap.
-            let since = if epoch.is_some_and(|e| e != c.epoch) || since > head {
+            let since = if epoch.is_some_and(|e| e != c.epoch) || since > c.seq {
                 0
             } else {
                 since
             };
-            let first = c.history.front().map_or(head + 1, |m| m.seq);
-            if since + 1 < first && since < head {
-                let to = first - 1;
-                session.deliver_ctrl("gap", &proto::encode_gap(&c.name, since + 1, to));
-                result.gap = Some((since + 1, to));
+            let frames: Vec<Arc<Published>> = c
+                .history
+                .iter()
+                .filter(|e| e[0].seq > since)
+                .filter_map(|e| pick(e, audience).cloned())
+                .collect();
+            // What the session should have had before the first frame history
+            // still holds for it; positions that were never its own are no gap.
+            let missing_to = frames.first().map_or(head, |f| f.prev);
+            if missing_to > since {
+                session.deliver_ctrl("gap", &proto::encode_gap(&c.name, since + 1, missing_to));
+                result.gap = Some((since + 1, missing_to));
             }
-            // Variants of one position sit next to each other in history.
-            let mut group: Vec<Arc<Published>> = Vec::new();
-            for m in c.history.iter().filter(|m| m.seq > since) {
-                if group.first().is_some_and(|g| g.seq != m.seq) {
-                    if let Some(p) = pick(&group, session.audience()) {
-                        session.deliver_msg(p);
-                        result.replayed += 1;
-                    }
-                    group.clear();
-                }
-                group.push(m.clone());
+            for f in &frames {
+                session.deliver_msg(f);
             }
-            if let Some(p) = pick(&group, session.audience()) {
-                session.deliver_msg(p);
-                result.replayed += 1;
-            }
+            result.replayed = frames.len();
         }
-        if !c.subscribers.iter().any(|s| Arc::ptr_eq(s, session)) {
-            c.subscribers.push(session.clone());
-        }
+        c.subscribers.insert(key_of(session), session.clone());
         result
     }
 
@@ -352,15 +560,28 @@ impl Hub {
             Some(c) => c.clone(),
             None => return,
         };
-        chan.lock().subscribers.retain(|s| !Arc::ptr_eq(s, session));
+        chan.lock().subscribers.swap_remove(&key_of(session));
     }
 
-    /// Drops channels that have neither subscribers nor live history; their
-    /// next use starts a new epoch.
+    /// A new source feeds the tenant: its positions are not comparable with
+    /// the old one's, so no channel may judge them duplicates by the old marks.
+    pub fn new_source(&self) {
+        let channels: Vec<_> = self.channels.lock().values().cloned().collect();
+        for c in channels {
+            c.lock().marks.clear();
+        }
+    }
+
+    /// Drops channels that have neither subscribers nor live history and that
+    /// nobody is about to use; their next use starts a new epoch.
     pub fn sweep(&self, limits: HistoryLimits, now_ms: u64) -> usize {
         let mut map = self.channels.lock();
         let before = map.len();
         map.retain(|_, c| {
+            // Another holder got it from `channel()` and is about to lock it.
+            if Arc::strong_count(c) > 1 {
+                return true;
+            }
             let mut c = c.lock();
             c.trim(limits, now_ms);
             !(c.subscribers.is_empty() && c.history.is_empty())
@@ -392,21 +613,48 @@ mod tests {
         SessionHandle::new(Wire::Ws, 1 << 20, SlowConsumer::DropOldest, None)
     }
 
+    fn session_of(audience: &str) -> Arc<SessionHandle> {
+        SessionHandle::new(
+            Wire::Ws,
+            1 << 20,
+            SlowConsumer::DropOldest,
+            Some(audience.into()),
+        )
+    }
+
+    const ONE: [Variant<'static>; 1] = [Variant {
+        payload: b"1",
+        kind: PayloadKind::Json,
+        audience: None,
+    }];
+
+    fn at(stream: u32, number: u64, index: u64) -> Option<At> {
+        Some(At {
+            pos: SourcePos {
+                stream,
+                order: (number, 0),
+                number,
+            },
+            index,
+        })
+    }
+
+    /// (seq, prev) of every message queued, skipping control frames.
+    fn msgs(s: &SessionHandle) -> Vec<(u64, u64)> {
+        s.take_queued()
+            .into_iter()
+            .filter_map(|i| match i {
+                Item::Msg(m) => Some((m.seq, m.prev)),
+                Item::Ctrl(_) => None,
+            })
+            .collect()
+    }
+
     #[test]
     fn audiences_get_their_variant_under_one_position() {
         let hub = Hub::default();
-        let pro = SessionHandle::new(
-            Wire::Ws,
-            1 << 20,
-            SlowConsumer::DropOldest,
-            Some("pro".into()),
-        );
-        let basic = SessionHandle::new(
-            Wire::Ws,
-            1 << 20,
-            SlowConsumer::DropOldest,
-            Some("basic".into()),
-        );
+        let pro = session_of("pro");
+        let basic = session_of("basic");
         let anon = session();
         for s in [&pro, &basic, &anon] {
             hub.subscribe("c", s, None, LIMITS, 0, |_, _| {});
@@ -423,36 +671,89 @@ mod tests {
                 audience: Some("basic"),
             },
         ];
-        let (seq, r) = hub.publish_variants("c", None, &v, LIMITS, 0);
+        let (seq, r) = hub.publish_at("c", None, &[], None, &v, LIMITS, 0).unwrap();
         assert_eq!((seq, r.delivered), (1, 2));
-        let got = |s: &SessionHandle| drained(s);
-        assert_eq!(got(&pro), ["msg1"]);
-        assert_eq!(got(&basic), ["msg1"]);
-        assert!(got(&anon).is_empty());
+        assert_eq!(msgs(&pro), [(1, 0)]);
+        assert_eq!(msgs(&basic), [(1, 0)]);
+        assert!(msgs(&anon).is_empty());
         // Replay gives each audience its own variant too.
-        hub.publish_variants("c", None, &v, LIMITS, 0);
-        let late = SessionHandle::new(
-            Wire::Ws,
-            1 << 20,
-            SlowConsumer::DropOldest,
-            Some("basic".into()),
-        );
+        hub.publish_at("c", None, &[], None, &v, LIMITS, 0).unwrap();
+        let late = session_of("basic");
         let r = hub.subscribe("c", &late, Some((0, None)), LIMITS, 0, |_, _| {});
         assert_eq!(r.replayed, 2);
         let items = late.take_queued();
         assert!(items
             .iter()
-            .all(|i| matches!(i, Item::Msg(m) if m.audience.as_deref() == Some("basic"))));
+            .all(|i| matches!(i, Item::Msg(m) if m.serves == Serves::Audience("basic".into()))));
     }
 
-    fn drained(s: &SessionHandle) -> Vec<String> {
-        s.take_queued()
-            .into_iter()
-            .map(|i| match i {
-                Item::Msg(m) => format!("msg{}", m.seq),
-                Item::Ctrl(b) => String::from_utf8_lossy(&b).into_owned(),
-            })
-            .collect()
+    /// Issue 9, item 9: a position with no variant for a session is not a
+    /// gap in what that session sees.
+    #[test]
+    fn a_position_for_other_audiences_is_no_gap() {
+        let hub = Hub::default();
+        let pro = session_of("pro");
+        let basic = session_of("basic");
+        let anon = session();
+        for s in [&pro, &basic, &anon] {
+            hub.subscribe("c", s, None, LIMITS, 0, |_, _| {});
+        }
+        let pro_only = [Variant {
+            payload: b"{\"pro\":1}",
+            kind: PayloadKind::Json,
+            audience: Some("pro"),
+        }];
+        hub.publish_at("c", None, &[], None, &ONE, LIMITS, 0)
+            .unwrap(); // 1: everyone
+        hub.publish_at("c", None, &[], None, &pro_only, LIMITS, 0)
+            .unwrap(); // 2: pro only
+        hub.publish_at("c", None, &[], None, &ONE, LIMITS, 0)
+            .unwrap(); // 3: everyone
+        assert_eq!(msgs(&pro), [(1, 0), (2, 1), (3, 2)]);
+        assert_eq!(msgs(&basic), [(1, 0), (3, 1)]);
+        assert_eq!(msgs(&anon), [(1, 0), (3, 1)]);
+        // Resuming after 1 is no gap for basic either, and its ack names the
+        // last position it was sent.
+        let again = session_of("basic");
+        let r = hub.subscribe("c", &again, Some((1, None)), LIMITS, 0, |_, _| {});
+        assert_eq!((r.gap, r.replayed, r.head), (None, 1, 3));
+        assert_eq!(msgs(&again), [(3, 1)]);
+        let r = hub.subscribe(
+            "c",
+            &session_of("pro"),
+            Some((1, None)),
+            LIMITS,
+            0,
+            |_, _| {},
+        );
+        assert_eq!((r.gap, r.replayed), (None, 2));
+    }
+
+    /// Issue 9, item 9: history drops a position with all its variants.
+    #[test]
+    fn history_keeps_positions_whole() {
+        let hub = Hub::default();
+        let v = [
+            Variant {
+                payload: b"1",
+                kind: PayloadKind::Json,
+                audience: Some("pro"),
+            },
+            Variant {
+                payload: b"2",
+                kind: PayloadKind::Json,
+                audience: None,
+            },
+        ];
+        for _ in 0..4 {
+            hub.publish_at("c", None, &[], None, &v, LIMITS, 0).unwrap();
+        }
+        // Three positions kept, each with both variants.
+        for s in [session_of("pro"), session()] {
+            let r = hub.subscribe("c", &s, Some((0, None)), LIMITS, 0, |_, _| {});
+            assert_eq!((r.gap, r.replayed), (Some((1, 1)), 3));
+            assert_eq!(msgs(&s), [(2, 1), (3, 2), (4, 3)]);
+        }
     }
 
     #[test]
@@ -473,30 +774,53 @@ mod tests {
     }
 
     #[test]
-    fn source_positions_become_seq_and_duplicates_are_dropped() {
+    fn source_positions_become_seq_and_only_repeats_are_duplicates() {
         let hub = Hub::default();
         let s = session();
         hub.subscribe("a", &s, None, LIMITS, 0, |_, _| {});
-        let v = [Variant {
-            payload: b"1",
-            kind: PayloadKind::Json,
-            audience: None,
-        }];
-        assert_eq!(
-            hub.publish_at("a", Some(10), None, &v, LIMITS, 0)
-                .map(|r| r.0),
-            Some(10)
-        );
-        assert_eq!(
-            hub.publish_at("a", Some(14), None, &v, LIMITS, 0)
-                .map(|r| r.0),
-            Some(14)
-        );
-        assert!(hub.publish_at("a", Some(14), None, &v, LIMITS, 0).is_none());
-        assert!(hub.publish_at("a", Some(3), None, &v, LIMITS, 0).is_none());
-        let items = s.take_queued();
-        let Item::Msg(m) = &items[1] else { panic!() };
-        assert_eq!((m.seq, m.prev), (14, 10));
+        let p = |n, i| {
+            hub.publish_at("a", at(0, n, i), &[], None, &ONE, LIMITS, 0)
+                .map(|r| r.0)
+        };
+        assert_eq!(p(10, 0), Ok(10_000));
+        assert_eq!(p(14, 0), Ok(14_000));
+        // A second message of record 14 to this channel is its own position.
+        assert_eq!(p(14, 1), Ok(14_001));
+        assert_eq!(p(14, 1), Err(Duplicate));
+        assert_eq!(p(14, 0), Err(Duplicate));
+        assert_eq!(p(3, 0), Err(Duplicate));
+        assert_eq!(msgs(&s), [(10_000, 0), (14_000, 10_000), (14_001, 14_000)]);
+    }
+
+    /// Issue 9, item 6: one channel fed by two streams loses nothing; the
+    /// stream behind is numbered after the channel and counted.
+    #[test]
+    fn a_second_stream_is_rebased_not_dropped() {
+        let hub = Hub::default();
+        let s = session();
+        hub.subscribe("a", &s, None, LIMITS, 0, |_, _| {});
+        let p = |st, n| {
+            hub.publish_at("a", at(st, n, 0), &[], None, &ONE, LIMITS, 0)
+                .unwrap()
+        };
+        assert_eq!(p(0, 500).0, 500_000);
+        let (seq, r) = p(1, 3);
+        assert_eq!(seq, 500_001);
+        assert!(r.rebased && r.first_rebase);
+        let (seq, r) = p(1, 4);
+        assert!(r.rebased && !r.first_rebase);
+        assert_eq!(seq, 500_002);
+        assert_eq!(p(0, 501).0, 501_000);
+        // A re-read of either stream is still a duplicate.
+        assert!(hub
+            .publish_at("a", at(1, 4, 0), &[], None, &ONE, LIMITS, 0)
+            .is_err());
+        assert!(hub
+            .publish_at("a", at(0, 500, 0), &[], None, &ONE, LIMITS, 0)
+            .is_err());
+        // A new source starts with no marks: its first rows are not "seen".
+        hub.new_source();
+        assert_eq!(p(0, 2).0, 501_001);
     }
 
     #[test]
@@ -510,9 +834,11 @@ mod tests {
         // History holds 3, 4, 5; 2 is lost.
         assert_eq!(r.gap, Some((2, 2)));
         assert_eq!(r.replayed, 3);
-        let got = drained(&s);
-        assert!(got[0].contains("\"op\":\"gap\""));
-        assert_eq!(&got[1..], ["msg3", "msg4", "msg5"]);
+        let got = s.take_queued();
+        assert!(
+            matches!(&got[0], Item::Ctrl(b) if String::from_utf8_lossy(b).contains("\"op\":\"gap\""))
+        );
+        assert_eq!(got.len(), 4);
 
         let s2 = session();
         let r = hub.subscribe("a", &s2, Some((4, Some(r.epoch))), LIMITS, 0, |_, _| {});
@@ -522,6 +848,31 @@ mod tests {
         let s3 = session();
         let r = hub.subscribe("a", &s3, Some((4, Some(r.epoch + 1))), LIMITS, 0, |_, _| {});
         assert_eq!((r.gap, r.replayed), (Some((1, 2)), 3));
+    }
+
+    /// Issue 9, item 8: with sparse positions only what is missing is a gap.
+    #[test]
+    fn resume_with_sparse_positions_reports_no_spurious_gap() {
+        let hub = Hub::default();
+        let limits = HistoryLimits {
+            max_messages: 2,
+            ..LIMITS
+        };
+        for n in [7, 14, 20, 26] {
+            hub.publish_at("a", at(0, n, 0), &[], None, &ONE, limits, 0)
+                .unwrap();
+        }
+        // History holds 20 000 (prev 14 000) and 26 000.
+        let s = session();
+        let r = hub.subscribe("a", &s, Some((14_000, None)), limits, 0, |_, _| {});
+        assert_eq!((r.gap, r.replayed), (None, 2));
+        let s = session();
+        let r = hub.subscribe("a", &s, Some((7_000, None)), limits, 0, |_, _| {});
+        assert_eq!((r.gap, r.replayed), (Some((7_001, 14_000)), 2));
+        // Nothing in history for a client that saw everything.
+        let s = session();
+        let r = hub.subscribe("a", &s, Some((26_000, None)), limits, 0, |_, _| {});
+        assert_eq!((r.gap, r.replayed), (None, 0));
     }
 
     #[test]
@@ -539,6 +890,48 @@ mod tests {
         hub.unsubscribe("a", &s);
         assert_eq!(hub.sweep(limits, 500), 1);
         assert_eq!(hub.channel_count(), 0);
+    }
+
+    /// Issue 9, item 7: a channel someone is about to lock is not swept, so
+    /// the subscribe that follows joins the channel publishes go to.
+    #[test]
+    fn sweep_spares_a_channel_in_use() {
+        let hub = Hub::default();
+        let limits = HistoryLimits {
+            max_messages: 10,
+            max_age_ms: 100,
+        };
+        // As `subscribe` does: take the channel, then lock it.
+        let taken = hub.channel("a");
+        assert_eq!(hub.sweep(limits, 500), 0);
+        let s = session();
+        {
+            let mut c = taken.lock();
+            c.subscribers.insert(key_of(&s), s.clone());
+        }
+        drop(taken);
+        hub.publish(out("a"), limits, 600);
+        assert_eq!(msgs(&s), [(1, 0)]);
+    }
+
+    /// Issue 9, item 11: leaving costs O(1), so 100k sessions leaving one
+    /// channel is quick (a linear scan per leave made it quadratic).
+    #[test]
+    fn many_sessions_leave_one_channel() {
+        let hub = Hub::default();
+        let sessions: Vec<_> = (0..100_000).map(|_| session()).collect();
+        for s in &sessions {
+            hub.subscribe("a", s, None, LIMITS, 0, |_, _| {});
+        }
+        for s in sessions.iter().step_by(2) {
+            hub.unsubscribe("a", s);
+        }
+        let (_, r) = hub.publish(out("a"), LIMITS, 0);
+        assert_eq!(r.delivered, 50_000);
+        assert!(sessions
+            .iter()
+            .step_by(2)
+            .all(|s| s.take_queued().is_empty()));
     }
 
     #[test]
