@@ -33,6 +33,9 @@ use tokio::net::TcpListener;
 /// logs, the listener and accepting-to-refuse over-capacity clients.
 const FD_RESERVE: u64 = 100;
 
+/// How long shutdown waits for a source reader to finish its batch.
+const SOURCE_STOP_WAIT: Duration = Duration::from_secs(5);
+
 /// Raises RLIMIT_NOFILE's soft limit to its hard limit; returns the soft limit
 /// now in force. Call once at process start.
 pub fn raise_nofile_limit() -> std::io::Result<u64> {
@@ -164,12 +167,20 @@ pub async fn run(
     shutdown.await;
     tracing::info!("shutting down: readiness off, closing sessions");
     app.set_ready(false);
+    // Accepting and every source reader stop here (their tokens are children).
     app.shutdown.cancel();
+    let _ = accept.await;
+    // Readers finish their batch and store their positions; then every
+    // conflation window is closed, so what it held reaches the sessions,
+    // which send their queues before they close with 1001.
     for t in app.tenants.all() {
+        source::stopped(&t, SOURCE_STOP_WAIT).await;
+    }
+    for t in app.tenants.all() {
+        ingest::flush(&t);
         t.sessions
             .close_all(fanout::session::QueueClose::GoingAway, true);
     }
-    let _ = accept.await;
     app.tracker.close();
     let grace = app.config.shutdown_grace;
     if tokio::time::timeout(grace, app.tracker.wait())

@@ -137,9 +137,18 @@ impl SessionHandle {
 
     /// What the writer does on a wake-up, under one lock: the close reason if
     /// the session was closed, else everything queued.
+    /// A session the server is leaving (1001) first sends what was queued
+    /// before it was closed: held messages flushed at shutdown reach it.
     pub fn take_or_close(&self) -> Result<VecDeque<Item>, QueueClose> {
         let mut st = self.state.lock();
         match st.closed {
+            Some(QueueClose::GoingAway) if !st.queue.is_empty() => {
+                let items = st.queue.take();
+                drop(st);
+                // Come back for the close once these are written.
+                self.wake.notify_one();
+                Ok(items)
+            }
             Some(reason) => Err(reason),
             None => Ok(st.queue.take()),
         }
@@ -161,7 +170,8 @@ impl SessionHandle {
     }
 
     /// Closes the session from outside (shutdown, tenant change) and wakes
-    /// its task, which sends the matching close code.
+    /// its task, which sends the matching close code (after what is queued,
+    /// when the server is going away).
     pub fn close_with(&self, reason: QueueClose) {
         {
             let mut st = self.state.lock();
@@ -169,7 +179,9 @@ impl SessionHandle {
                 return;
             }
             st.closed = Some(reason);
-            st.queue.take();
+            if reason != QueueClose::GoingAway {
+                st.queue.take();
+            }
         }
         self.wake.notify_one();
     }

@@ -308,7 +308,8 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
                             Ok(items) => send_queued(&stream, items, &mut out, &tenant, None).err(),
                             Err(reason) => Some(queue_end(reason, handle.policy().as_str())),
                         };
-                    } else if let Some(reason) = handle.close_reason() {
+                    } else if let Some(reason) = handle.close_reason().filter(|r| *r != QueueClose::GoingAway) {
+                        // Going away waits for the backlog: the writable branch ends it.
                         end = Some(queue_end(reason, handle.policy().as_str()));
                     }
                 }
@@ -420,7 +421,10 @@ fn load_and_flush(
     tenant: &Tenant,
     sse: Option<&mut SseState>,
 ) -> Result<(), End> {
-    send_queued(stream, handle.take_queued(), out, tenant, sse)
+    match handle.take_or_close() {
+        Ok(items) => send_queued(stream, items, out, tenant, sse),
+        Err(reason) => Err(queue_end(reason, handle.policy().as_str())),
+    }
 }
 
 /// Writes frames taken from the queue (SSE messages get their id line).
@@ -868,7 +872,7 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
             }
             // Also while the socket is full: a close from outside must not wait for it.
             _ = handle.woken() => {
-                if let Some(reason) = handle.close_reason() {
+                if let Some(reason) = handle.close_reason().filter(|r| *r != QueueClose::GoingAway) {
                     end = Some(queue_end(reason, handle.policy().as_str()));
                 } else if out.is_empty() {
                     end = load_and_flush(&stream, &handle, &mut out, &tenant, Some(&mut state)).err();

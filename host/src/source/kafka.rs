@@ -4,7 +4,9 @@
 //! (no consumer group, no rebalancing: every node holds subscribers of any
 //! channel, so every node reads everything), this node's positions in the
 //! registry, the record-to-channel mapping for tenants without a transform,
-//! and the source's health. Invariants: the stored positions only move past
+//! each record's position (partition → stream, offset + 1 → number, so a
+//! re-read record is a duplicate and every node numbers it alike), and the
+//! source's health. Invariants: the stored positions only move past
 //! records that were published, so a restart resumes without loss; fetching
 //! runs only as fast as ingest (librdkafka's fetch queue is bounded): Kafka is
 //! the buffer, never Herald's memory; broker trouble shows as stalled within
@@ -12,6 +14,7 @@
 
 use super::{set_state, Health, SourceConfig, SourceState};
 use crate::app::App;
+use crate::fanout::position::SourcePos;
 use crate::ingest;
 use crate::plugin::batch::SourceRecord;
 use crate::registry::now_ms;
@@ -163,6 +166,13 @@ pub struct Reader {
     saved: Mutex<Instant>,
 }
 
+/// The hub's stream for a partition: the topic's index in the source's list
+/// (the same on every node, which share the source config) and the partition.
+pub fn stream_id(topics: &[String], topic: &str, partition: i32) -> u32 {
+    let t = topics.iter().position(|x| x == topic).unwrap_or(0) as u32;
+    (t << 20) | (partition.max(0) as u32 & 0xF_FFFF)
+}
+
 /// Records collected per batch before handing them to ingest.
 const BATCH: usize = 512;
 /// Positions are stored at most this often while records flow.
@@ -171,6 +181,8 @@ const SAVE_EVERY: Duration = Duration::from_millis(200);
 struct Owned {
     topic: String,
     partition: i32,
+    /// [`stream_id`] of the topic and partition.
+    stream: u32,
     offset: i64,
     key: Option<Vec<u8>>,
     value: Vec<u8>,
@@ -276,6 +288,8 @@ impl Reader {
             while batch.len() < BATCH {
                 let msg = tokio::select! {
                     _ = self.stop.cancelled() => {
+                        // Held messages go out before the positions past them are stored.
+                        ingest::flush(&self.tenant);
                         let encoded = serde_json::to_string(&positions).unwrap_or_default();
                         return self.save(&encoded).await;
                     }
@@ -361,6 +375,7 @@ impl Reader {
         Owned {
             topic: m.topic().to_string(),
             partition: m.partition(),
+            stream: stream_id(&self.topics, m.topic(), m.partition()),
             offset: m.offset(),
             key: m.key().map(<[u8]>::to_vec),
             value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
@@ -404,9 +419,11 @@ impl Reader {
                 .iter()
                 .map(|r| SourceRecord {
                     timestamp_ms: r.ts,
-                    // Kafka offsets are per partition, not per channel: the hub
-                    // numbers these messages itself.
-                    position: None,
+                    position: Some(SourcePos {
+                        stream: r.stream,
+                        order: (r.offset as u64 + 1, 0),
+                        number: r.offset as u64 + 1,
+                    }),
                     key: r.key.as_deref(),
                     value: &r.value,
                     channel: r.channel.as_deref(),

@@ -238,14 +238,18 @@ pub(crate) async fn keep_reading<E, F>(
 
 /// Starts the tenant's source task (stopping the one before), on the app's tracker.
 pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
-    let previous = {
+    let (previous, changed) = {
         let mut slot = tenant.source.lock();
         slot.stop.cancel();
-        slot.done.take()
+        (slot.done.take(), slot.config != config)
     };
     if let Some(task) = previous {
         // The old reader stops between batches; never two at once.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(10), task).await;
+    }
+    if changed {
+        // Another source's positions: the old one's marks must not judge them.
+        tenant.hub.new_source();
     }
     let health = Arc::new(Mutex::new(Health::new(config.kind())));
     let stop = app.shutdown.child_token();
@@ -295,6 +299,20 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
 /// Stops the tenant's source (deletion, shutdown).
 pub fn stop(tenant: &Tenant) {
     tenant.source.lock().stop.cancel();
+}
+
+/// Waits, up to `within`, for a stopped reader to finish its batch.
+pub async fn stopped(tenant: &Tenant, within: std::time::Duration) {
+    let task = {
+        let mut slot = tenant.source.lock();
+        slot.stop.cancel();
+        slot.done.take()
+    };
+    if let Some(task) = task {
+        if tokio::time::timeout(within, task).await.is_err() {
+            tracing::warn!(tenant = %tenant.id, "source reader did not stop in time");
+        }
+    }
 }
 
 /// The `status` frame a new session gets when the source is not live.

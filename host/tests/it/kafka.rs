@@ -11,7 +11,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
-async fn produce(p: &FutureProducer, topic: &str, channel: &str, n: u64) {
+pub(crate) async fn produce(p: &FutureProducer, topic: &str, channel: &str, n: u64) {
     let payload = json!({"n": n}).to_string();
     let key = format!("k{n}");
     let headers = OwnedHeaders::new().insert(Header {

@@ -8,5 +8,6 @@ mod limits;
 mod outbox;
 mod plugins;
 mod plugins_hostile;
+mod positions;
 mod pubsub;
 mod slow;

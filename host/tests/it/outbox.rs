@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-fn pg_url() -> Option<String> {
+pub(crate) fn pg_url() -> Option<String> {
     match std::env::var("HERALD_TEST_POSTGRES_URL") {
         Ok(u) => Some(u),
         Err(_) => {
@@ -26,7 +26,7 @@ fn pg_url() -> Option<String> {
 }
 
 /// Creates an outbox table from the shipped migration, under its own name.
-async fn outbox_table(url: &str) -> (PgPool, String) {
+pub(crate) async fn outbox_table(url: &str) -> (PgPool, String) {
     let pool = PgPoolOptions::new()
         .max_connections(2)
         .connect(url)
@@ -51,7 +51,7 @@ async fn insert(pool: &PgPool, table: &str, channel: &str, payload: Value) -> i6
     .unwrap()
 }
 
-async fn set_source(h: &Host, tenant: &str, url: &str, table: &str) -> (u16, Value) {
+pub(crate) async fn set_source(h: &Host, tenant: &str, url: &str, table: &str) -> (u16, Value) {
     let body = json!({"kind":"postgres_outbox","database_url":url,"table":table,"poll_ms":200});
     h.admin(
         Method::PUT,
@@ -61,7 +61,7 @@ async fn set_source(h: &Host, tenant: &str, url: &str, table: &str) -> (u16, Val
     .await
 }
 
-async fn wait_live(h: &Host, tenant: &str) {
+pub(crate) async fn wait_live(h: &Host, tenant: &str) {
     for _ in 0..100 {
         let (_, v) = h
             .admin(
@@ -79,7 +79,7 @@ async fn wait_live(h: &Host, tenant: &str) {
 }
 
 /// Messages until `n` `msg` frames arrived; returns them (status frames kept apart).
-async fn msgs(ws: &mut Ws, n: usize) -> Vec<Value> {
+pub(crate) async fn msgs(ws: &mut Ws, n: usize) -> Vec<Value> {
     let mut out = Vec::new();
     while out.len() < n {
         let m = ws.next().await;

@@ -1,0 +1,394 @@
+//! The position model end to end (ARCHITECTURE.md, "Positions"): what a
+//! client sees when sources, conflation, audiences and positions meet. Each
+//! test is one of issue 9's cases, against a real server, a real Postgres
+//! outbox or librdkafka's mock cluster, and real compiled plugins.
+
+use crate::helpers::*;
+use crate::kafka::produce;
+use crate::outbox::{msgs, outbox_table, pg_url, set_source, wait_live};
+use rdkafka::config::ClientConfig;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::FutureProducer;
+use reqwest::Method;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use std::time::{Duration, Instant};
+
+async fn insert(
+    pool: &PgPool,
+    table: &str,
+    channel: &str,
+    key: Option<&str>,
+    payload: Value,
+) -> i64 {
+    sqlx::query_scalar(&format!(
+        "INSERT INTO {table} (channel, key, payload) VALUES ($1, $2, $3::jsonb) RETURNING id"
+    ))
+    .bind(channel)
+    .bind(key)
+    .bind(payload.to_string())
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// `msg` frames for `within`, however many come.
+async fn msgs_for(ws: &mut Ws, within: Duration) -> Vec<Value> {
+    let mut out = Vec::new();
+    let end = tokio::time::Instant::now() + within;
+    while let Ok(m) = tokio::time::timeout_at(end, ws.next()).await {
+        if m["op"] == "msg" {
+            out.push(m);
+        }
+    }
+    out
+}
+
+fn data(ms: &[Value]) -> Vec<Value> {
+    ms.iter().map(|m| m["data"].clone()).collect()
+}
+
+/// Item 1: rows keyed A, B, A in one window reach the client as B then A;
+/// an unkeyed row goes out at once, after the held rows of its channel.
+#[tokio::test]
+async fn outbox_window_keeps_every_key_in_order() {
+    let Some(url) = pg_url() else { return };
+    let (pool, table) = outbox_table(&url).await;
+    let h = spawn_host().await;
+    h.tenant(json!({"id":"pos-win","access":"public","conflation":{"window_ms":400}}))
+        .await;
+    assert_eq!(set_source(&h, "pos-win", &url, &table).await.0, 200);
+    wait_live(&h, "pos-win").await;
+    let mut ws = h.ws("pos-win").await;
+    ws.sub("q", 1).await;
+    let mut tx = pool.begin().await.unwrap();
+    for (key, v) in [("A", 1), ("B", 2), ("A", 3)] {
+        sqlx::query(&format!(
+            "INSERT INTO {table} (channel, key, payload) VALUES ('q', $1, $2::jsonb)"
+        ))
+        .bind(key)
+        .bind(json!({"v": v}).to_string())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let got = msgs(&mut ws, 2).await;
+    assert_eq!(data(&got), [json!({"v":2}), json!({"v":3})], "{got:?}");
+    assert_eq!(got[1]["prev"], got[0]["seq"]);
+    // Keyed C waits; unkeyed D must not pass it, and neither is lost.
+    insert(&pool, &table, "q", Some("C"), json!({"v":4})).await;
+    insert(&pool, &table, "q", None, json!({"v":5})).await;
+    let more = msgs(&mut ws, 2).await;
+    assert_eq!(data(&more), [json!({"v":4}), json!({"v":5})], "{more:?}");
+    assert_eq!(more[0]["prev"], got[1]["seq"]);
+    assert_eq!(more[1]["prev"], more[0]["seq"]);
+    assert!(msgs_for(&mut ws, Duration::from_millis(600))
+        .await
+        .is_empty());
+    h.stop().await;
+}
+
+/// Item 2: a transform's two messages to one channel from one row both
+/// arrive, at positions of their own.
+#[tokio::test]
+async fn one_row_two_messages_to_one_channel() {
+    let Some(url) = pg_url() else { return };
+    let (pool, table) = outbox_table(&url).await;
+    let h = spawn_host().await;
+    h.public_tenant("pos-twice").await;
+    h.install_plugin("pos-twice", "fixture_twice").await;
+    assert_eq!(set_source(&h, "pos-twice", &url, &table).await.0, 200);
+    wait_live(&h, "pos-twice").await;
+    let mut ws = h.ws("pos-twice").await;
+    ws.sub("q", 1).await;
+    let a = insert(&pool, &table, "q", None, json!(1)).await;
+    let b = insert(&pool, &table, "q", None, json!(2)).await;
+    let got = msgs(&mut ws, 4).await;
+    assert_eq!(
+        data(&got),
+        [
+            json!({"copy":1,"v":1}),
+            json!({"copy":2,"v":1}),
+            json!({"copy":1,"v":2}),
+            json!({"copy":2,"v":2})
+        ]
+    );
+    let seqs: Vec<i64> = got.iter().map(|m| m["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, [a * 1000, a * 1000 + 1, b * 1000, b * 1000 + 1]);
+    for w in got.windows(2) {
+        assert_eq!(w[1]["prev"], w[0]["seq"]);
+    }
+    assert_eq!(
+        h.metric("herald_source_duplicates_total{tenant=\"pos-twice\"}")
+            .await,
+        0.0
+    );
+    h.stop().await;
+}
+
+/// Item 3: HTTP publish beside an outbox is refused and moves nothing; a
+/// new source's rows are delivered even where its ids are below the old
+/// source's positions.
+#[tokio::test]
+async fn http_publish_beside_a_source_is_refused_and_a_new_source_is_not_a_duplicate() {
+    let Some(url) = pg_url() else { return };
+    let (pool, first) = outbox_table(&url).await;
+    let (pool2, second) = outbox_table(&url).await;
+    let h = spawn_host().await;
+    let key = h.public_tenant("pos-src").await;
+    assert_eq!(set_source(&h, "pos-src", &url, &first).await.0, 200);
+    wait_live(&h, "pos-src").await;
+    let mut ws = h.ws("pos-src").await;
+    ws.sub("q", 1).await;
+    let (s, v) = h
+        .publish("pos-src", &key, json!({"ch":"q","data":{"http":1}}))
+        .await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(v["error"]["code"], "source_not_http", "{v}");
+    for i in 0..3 {
+        insert(&pool, &first, "q", None, json!({"first": i})).await;
+    }
+    let got = msgs(&mut ws, 3).await;
+    assert_eq!(
+        data(&got)[0],
+        json!({"first":0}),
+        "the refused publish took no position"
+    );
+    // The second table starts at id 1, below the positions the first gave.
+    assert_eq!(set_source(&h, "pos-src", &url, &second).await.0, 200);
+    wait_live(&h, "pos-src").await;
+    insert(&pool2, &second, "q", None, json!({"second": 0})).await;
+    let next = msgs(&mut ws, 1).await;
+    assert_eq!(data(&next), [json!({"second":0})]);
+    assert_eq!(
+        next[0]["prev"], got[2]["seq"],
+        "the chain goes on: no gap, no loss"
+    );
+    // Back on HTTP, publishing works again and continues the chain.
+    let (s, _) = h
+        .admin(
+            Method::PUT,
+            "/admin/v1/tenants/pos-src/source",
+            Some(json!({"kind":"http"})),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (s, v) = h
+        .publish("pos-src", &key, json!({"ch":"q","data":{"http":2}}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let last = msgs(&mut ws, 1).await;
+    assert_eq!(last[0]["prev"], next[0]["seq"]);
+    h.stop().await;
+}
+
+/// Item 8: resuming with sparse positions reports a gap only for what is
+/// missing.
+#[tokio::test]
+async fn resume_with_sparse_positions_has_no_spurious_gap() {
+    let Some(url) = pg_url() else { return };
+    let (pool, table) = outbox_table(&url).await;
+    let h = spawn_host().await;
+    h.tenant(json!({"id":"pos-sparse","access":"public","limits":{"history_size":2}}))
+        .await;
+    assert_eq!(set_source(&h, "pos-sparse", &url, &table).await.0, 200);
+    wait_live(&h, "pos-sparse").await;
+    let mut ws = h.ws("pos-sparse").await;
+    ws.sub("q", 1).await;
+    // Rows for another channel in between make q's positions sparse.
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(insert(&pool, &table, "q", None, json!({"i": i})).await);
+        insert(&pool, &table, "other", None, json!({})).await;
+    }
+    let got = msgs(&mut ws, 3).await;
+    let first = got[0]["seq"].as_u64().unwrap();
+    // History holds the last two; a client that saw the first misses nothing.
+    let mut again = h.ws("pos-sparse").await;
+    again
+        .send(json!({"op":"sub","ch":"q","since":first,"id":2}))
+        .await;
+    let ack = again.next().await;
+    assert_eq!(ack["op"], "ack", "{ack}");
+    let mut epoch_again = h.ws("pos-sparse").await;
+    epoch_again
+        .send(json!({"op":"sub","ch":"q","since":first,"epoch":ack["epoch"],"id":3}))
+        .await;
+    for ws in [&mut again, &mut epoch_again] {
+        let mut frames = Vec::new();
+        while frames.len() < 2 {
+            let m = ws.next().await;
+            assert_ne!(m["op"], "gap", "spurious gap: {m}");
+            if m["op"] == "msg" {
+                frames.push(m);
+            }
+        }
+        assert_eq!(frames[0]["prev"].as_u64(), Some(first));
+        assert_eq!(data(&frames), [json!({"i":1}), json!({"i":2})]);
+    }
+    h.stop().await;
+}
+
+/// Item 9: a message for another audience is not a gap in what a session
+/// sees (redact sends nothing to `basic` for a payload that is not an object).
+#[tokio::test]
+async fn a_message_for_another_audience_is_no_gap() {
+    let h = spawn_host().await;
+    let config = json!({"tokens":{"tp":"pro","tb":"basic"},"redact_fields":["bid"]});
+    let key = h.tenant(json!({"id":"pos-aud","config":config})).await;
+    h.install_plugin("pos-aud", "redact").await;
+    let mut pro = h.ws_with("pos-aud", "token=tp").await.ok().unwrap();
+    let mut basic = h.ws_with("pos-aud", "token=tb").await.ok().unwrap();
+    pro.sub("q", 1).await;
+    basic.sub("q", 1).await;
+    for data in [json!({"px":1,"bid":2}), json!(7), json!({"px":3,"bid":4})] {
+        assert_eq!(
+            h.publish("pos-aud", &key, json!({"ch":"q","data":data}))
+                .await
+                .0,
+            200
+        );
+    }
+    let p = msgs(&mut pro, 3).await;
+    let b = msgs(&mut basic, 2).await;
+    let chain = |ms: &[Value]| {
+        ms.iter()
+            .map(|m| (m["seq"].as_u64(), m["prev"].as_u64()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        chain(&p),
+        [(Some(1), Some(0)), (Some(2), Some(1)), (Some(3), Some(2))]
+    );
+    assert_eq!(
+        chain(&b),
+        [(Some(1), Some(0)), (Some(3), Some(1))],
+        "basic never had 2: no gap"
+    );
+    assert_eq!(data(&b), [json!({"px":1}), json!({"px":3})]);
+    h.stop().await;
+}
+
+/// Item 5: a shutdown publishes what a conflation window holds, and the
+/// session sends it before closing with 1001.
+#[tokio::test]
+async fn shutdown_loses_no_held_message() {
+    let h = spawn_host().await;
+    let key = h
+        .tenant(json!({"id":"pos-stop","access":"public","conflation":{"window_ms":30000}}))
+        .await;
+    let mut ws = h.ws("pos-stop").await;
+    ws.sub("q", 1).await;
+    for (k, v) in [("A", 1), ("B", 2), ("A", 3)] {
+        let (s, r) = h
+            .publish("pos-stop", &key, json!({"ch":"q","key":k,"data":{"v":v}}))
+            .await;
+        assert_eq!((s, r["held"].clone()), (200, json!(true)));
+    }
+    h.stop().await;
+    let got = msgs(&mut ws, 2).await;
+    assert_eq!(data(&got), [json!({"v":2}), json!({"v":3})]);
+    assert_eq!(ws.closed().await.0, 1001);
+}
+
+/// Item 6: records re-read after a failed position save are duplicates
+/// (their positions come from Kafka), not new messages under new seqs.
+#[tokio::test]
+async fn kafka_rereads_are_duplicates() {
+    let Ok(pg) = std::env::var("HERALD_TEST_POSTGRES_URL") else {
+        assert!(
+            std::env::var("HERALD_REQUIRE_POSTGRES").is_err(),
+            "Postgres required but not configured"
+        );
+        return;
+    };
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("pos-ticks", 1, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("message.timeout.ms", "60000")
+        .create()
+        .unwrap();
+    let tenant = format!("pos-k{}", rand::random::<u32>());
+    let mut opts = HostOptions::new();
+    opts.config.database_url = Some(pg.clone());
+    let h = spawn_with(opts).await;
+    h.public_tenant(&tenant).await;
+    let body = json!({"kind":"kafka","brokers":brokers,"topics":["pos-ticks"],"start":"earliest"});
+    let (s, v) = h
+        .admin(
+            Method::PUT,
+            &format!("/admin/v1/tenants/{tenant}/source"),
+            Some(body),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let mut ws = h.ws(&tenant).await;
+    ws.sub("t", 1).await;
+    for n in 0..3 {
+        produce(&producer, "pos-ticks", "t", n).await;
+    }
+    let mut got = msgs(&mut ws, 3).await;
+    // Let the positions past them be stored, then make every later save fail.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let pool = PgPool::connect(&pg).await.unwrap();
+    let fail = format!("fail_{}", tenant.replace('-', "_"));
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION {fail}() RETURNS trigger AS $$ BEGIN \
+           IF NEW.tenant_id = '{tenant}' THEN RAISE EXCEPTION 'test: saves fail'; END IF; RETURN NEW; END; $$ LANGUAGE plpgsql;
+         CREATE TRIGGER {fail} BEFORE INSERT OR UPDATE ON ingest_cursors FOR EACH ROW EXECUTE FUNCTION {fail}();"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let before = h
+        .metric(&format!(
+            "herald_source_duplicates_total{{tenant=\"{tenant}\"}}"
+        ))
+        .await;
+    for n in 3..6 {
+        produce(&producer, "pos-ticks", "t", n).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // The failed save reconnects the reader, which reads 3.. again.
+    let deadline = Instant::now() + WAIT;
+    while h
+        .metric(&format!(
+            "herald_source_duplicates_total{{tenant=\"{tenant}\"}}"
+        ))
+        .await
+        == before
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no re-read record was counted as a duplicate"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sqlx::raw_sql(&format!(
+        "DROP TRIGGER {fail} ON ingest_cursors; DROP FUNCTION {fail}();"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    produce(&producer, "pos-ticks", "t", 6).await;
+    let mut rest = Vec::new();
+    while rest.last().is_none_or(|m: &Value| m["data"]["n"] != 6) {
+        rest.extend(msgs(&mut ws, 1).await);
+    }
+    got.extend(rest);
+    let ns: Vec<u64> = got
+        .iter()
+        .map(|m| m["data"]["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ns, [0, 1, 2, 3, 4, 5, 6], "every record once, in order");
+    for (i, w) in got.windows(2).enumerate() {
+        assert_eq!(w[1]["prev"], w[0]["seq"], "at {i}");
+    }
+    // Positions are the offsets (+1) × 1000: the same on every node.
+    assert_eq!(got[0]["seq"], 1000);
+    assert_eq!(got[6]["seq"], 7000);
+    h.stop().await;
+}
