@@ -344,7 +344,9 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
                     }
                 }
                 _ = &mut hb => {
-                    if last_seen.elapsed() > heartbeat * 2 + Duration::from_secs(5) {
+                    // Two heartbeats without a byte: a client that answers pings
+                    // sent one pong per heartbeat, so this is a dead one.
+                    if last_seen.elapsed() >= heartbeat * 2 {
                         end = Some(End::Close(close::HEARTBEAT_TIMEOUT, "no frame from client within the heartbeat timeout".into()));
                     } else {
                         handle.deliver_raw(Bytes::from_static(PING_FRAME));
