@@ -131,31 +131,24 @@ impl hyper::service::Service<Request<Incoming>> for Door {
     type Future = BoxFuture;
 
     fn call(&self, req: Request<Incoming>) -> BoxFuture {
-        let route =
-            if req.method() == axum::http::Method::GET && req.uri().path().starts_with("/v1/t/") {
-                let head = RequestHead::from_http(&req);
-                match head::route(&head) {
-                    Route::Http => None,
-                    r => Some((r, head)),
-                }
-            } else {
-                None
-            };
-        let Some((route, head)) = route else {
-            let router = self.router.clone();
-            return Box::pin(async move { router.oneshot(req).await });
-        };
+        // Only a GET under /v1/t/ can be a session; nothing else pays for a head copy.
+        let head = (req.method() == axum::http::Method::GET
+            && req.uri().path().starts_with("/v1/t/"))
+        .then(|| RequestHead::from_http(&req));
+        let route = head.as_ref().map_or(Route::Http, head::route);
         let (app, peer, handoff) = (self.app.clone(), self.peer, self.handoff.clone());
-        Box::pin(async move {
-            let response = match route {
-                Route::WebSocket { tenant } => match open_ws(&app, &head, &tenant, peer).await {
+        match (route, head) {
+            (Route::WebSocket { tenant }, Some(head)) => Box::pin(async move {
+                Ok(match open_ws(&app, &head, &tenant, peer).await {
                     Ok((accept, admitted)) => {
                         *handoff.takeover.lock() = Some(Takeover::Ws(admitted));
                         switching_protocols(&accept)
                     }
                     Err(r) => refusal(r),
-                },
-                Route::Sse { tenant } => match open_sse(&app, &head, &tenant, peer).await {
+                })
+            }),
+            (Route::Sse { tenant }, Some(head)) => Box::pin(async move {
+                Ok(match open_sse(&app, &head, &tenant, peer).await {
                     Ok((sse, admitted)) => {
                         *handoff.takeover.lock() = Some(Takeover::Sse(sse, admitted));
                         // Hyper writes this response into the void; clients that
@@ -165,11 +158,13 @@ impl hyper::service::Service<Request<Incoming>> for Door {
                         placeholder()
                     }
                     Err(r) => refusal(r),
-                },
-                Route::Http => unreachable!("ordinary requests went to the router"),
-            };
-            Ok(response)
-        })
+                })
+            }),
+            _ => {
+                let router = self.router.clone();
+                Box::pin(async move { router.oneshot(req).await })
+            }
+        }
     }
 }
 

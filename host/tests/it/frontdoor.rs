@@ -108,6 +108,40 @@ async fn websocket_upgrade_after_a_keep_alive_request_on_one_socket() {
 }
 
 #[tokio::test]
+async fn sse_pipelined_behind_a_request_gets_both_answers() {
+    let h = spawn_host().await;
+    let key = h.public_tenant("fd-pipe").await;
+    let mut s = TcpStream::connect(h.addr).await.unwrap();
+    let mut both = HEALTHZ.to_vec();
+    both.extend_from_slice(b"GET /v1/t/fd-pipe/sse?ch=c HTTP/1.1\r\nHost: x\r\n\r\n");
+    s.write_all(&both).await.unwrap();
+    let r = read_response(&mut s).await;
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]), "{r:?}");
+    let r = read_response(&mut s).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let mut text = String::new();
+    tokio::time::timeout(WAIT, async {
+        while !text.contains("retry:") {
+            let mut buf = [0u8; 512];
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "stream ended: {text:?}");
+            text.push_str(std::str::from_utf8(&buf[..n]).unwrap());
+        }
+        h.publish("fd-pipe", &key, json!({"ch":"c","data":1})).await;
+        while !text.contains("\"seq\":1") {
+            let mut buf = [0u8; 512];
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "stream ended: {text:?}");
+            text.push_str(std::str::from_utf8(&buf[..n]).unwrap());
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no message on the stream: {text:?}"));
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn refusals_on_a_later_request_keep_the_connection() {
     let h = spawn_host().await;
     h.public_tenant("fd-refuse").await;
