@@ -32,26 +32,42 @@ struct PublishItem {
 pub(super) fn routes() -> Router<Arc<App>> {
     Router::new()
         .route("/v1/t/{tenant}/publish", post(publish))
-        .route("/v1/t/{tenant}/ws", get(reconnect))
-        .route("/v1/t/{tenant}/sse", get(reconnect))
+        .route("/v1/t/{tenant}/ws", get(not_a_websocket_upgrade))
+        .route("/v1/t/{tenant}/sse", get(sse_with_body))
 }
 
-/// A WebSocket or SSE request that arrived on a reused keep-alive connection
-/// reached the router instead of the front door: send the client to a fresh
-/// connection, where it becomes a lean session.
-async fn reconnect(uri: axum::http::Uri) -> Response {
-    let location = uri
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_default();
+/// WebSocket upgrades become sessions in the front door (server/), on any
+/// request of a connection; a GET that reaches the router was not one.
+async fn not_a_websocket_upgrade(headers: HeaderMap) -> Response {
+    let upgrade = headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("websocket"));
+    if upgrade {
+        // Only a request with a body is routed here despite its Upgrade header.
+        return ApiError::BadRequest("a WebSocket upgrade request has no body".into())
+            .into_response();
+    }
+    let body = serde_json::json!({"error": {
+        "code": "upgrade_required",
+        "message": "this endpoint speaks WebSocket: send Upgrade: websocket",
+    }});
     (
-        StatusCode::TEMPORARY_REDIRECT,
+        StatusCode::UPGRADE_REQUIRED,
         [
-            (header::LOCATION, location),
-            (header::CONNECTION, "close".to_string()),
+            (header::UPGRADE, "websocket"),
+            (header::CONNECTION, "Upgrade"),
         ],
+        Json(body),
     )
         .into_response()
+}
+
+/// SSE GETs become streams in the front door; only one with a body gets here.
+async fn sse_with_body() -> ApiError {
+    ApiError::BadRequest("an SSE request is a GET without a body".into())
 }
 
 async fn publish(

@@ -1,9 +1,11 @@
-//! The request head of a new connection, parsed without I/O.
+//! A request head, parsed without I/O.
 //!
-//! Owns: deciding from the first request on a connection whether it becomes a
-//! WebSocket session, an SSE stream, or an ordinary HTTP request for the
-//! router. Invariant: a head larger than [`MAX_HEAD_BYTES`] is refused, so a
-//! client cannot make the server buffer without bound before routing.
+//! Owns: deciding from a request whether it becomes a WebSocket session, an
+//! SSE stream, or an ordinary HTTP request for the router — for the first
+//! request of a connection (parsed here) and for later ones (parsed by hyper,
+//! seen through [`RequestHead::from_http`]), by the one [`route`]. Invariant:
+//! a head larger than [`MAX_HEAD_BYTES`] is refused, so a client cannot make
+//! the server buffer without bound before routing.
 
 /// Largest request head the front door reads.
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
@@ -64,6 +66,27 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
 }
 
 impl RequestHead {
+    /// The head of a request hyper already parsed; `len` is 0 (its bytes
+    /// are hyper's).
+    pub fn from_http<B>(req: &http::Request<B>) -> RequestHead {
+        RequestHead {
+            method: req.method().as_str().to_string(),
+            path: req.uri().path().to_string(),
+            query: req.uri().query().map(str::to_string),
+            headers: req
+                .headers()
+                .iter()
+                .map(|(n, v)| {
+                    (
+                        n.as_str().to_string(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
+                .collect(),
+            len: 0,
+        }
+    }
+
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
@@ -163,6 +186,19 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(route(&ws_no_upgrade), Route::Http);
+        let via_hyper = http::Request::get("/v1/t/acme/sse?ch=a")
+            .header("Last-Event-ID", "1:2")
+            .body(())
+            .unwrap();
+        let h = RequestHead::from_http(&via_hyper);
+        assert_eq!(
+            route(&h),
+            Route::Sse {
+                tenant: "acme".into()
+            }
+        );
+        assert_eq!(h.header("last-event-id"), Some("1:2"));
+        assert_eq!(h.query.as_deref(), Some("ch=a"));
         let post = parse_head(b"POST /v1/t/acme/publish HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
             .unwrap()
             .unwrap();

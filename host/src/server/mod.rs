@@ -3,12 +3,15 @@
 //! Owns: accepting connections, reading each connection's first request head,
 //! and routing it: WebSocket upgrades and SSE streams become sessions here
 //! (so they hold no HTTP-framework buffers while idle); everything else goes
-//! to the axum router through hyper. Invariants: over-capacity clients are
-//! answered at once (503 + Retry-After) and never left in the accept queue;
-//! accept errors back off and are counted, never spun on; no task outlives
-//! the shutdown deadline.
+//! to the axum router through hyper, and a session request arriving later on
+//! that kept-alive connection is taken back from hyper (`http.rs`). Both paths
+//! admit a session through the same checks ([`open_ws`], [`open_sse`]).
+//! Invariants: over-capacity clients are answered at once (503 + Retry-After)
+//! and never left in the accept queue; accept errors back off and are
+//! counted, never spun on; no task outlives the shutdown deadline.
 
 pub mod head;
+mod http;
 mod prefixed;
 pub mod session;
 
@@ -17,10 +20,10 @@ use crate::metrics;
 use crate::plugin;
 use crate::proto::{self, sse, ws};
 use crate::tenant::{Access, Refusal};
+use axum::http::StatusCode;
 use bytes::Bytes;
 use head::{RequestHead, Route};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
+use std::collections::HashSet;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -97,23 +100,34 @@ async fn front_door(app: Arc<App>, mut stream: TcpStream, peer: SocketAddr, rout
         Ok(Err(HeadFailure::Io)) => return,
         Ok(Err(HeadFailure::Bad(e))) => {
             let status = match e {
-                head::HeadError::TooLarge => "431 Request Header Fields Too Large",
-                head::HeadError::Malformed(_) => "400 Bad Request",
+                head::HeadError::TooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                head::HeadError::Malformed(_) => StatusCode::BAD_REQUEST,
             };
-            respond(
-                &mut stream,
-                status,
-                &[],
-                &error_body("bad_request", &e.to_string()),
-            )
-            .await;
+            let body = error_body("bad_request", &e.to_string());
+            respond(&mut stream, status, &[], &body).await;
             return;
         }
     };
     match head::route(&head) {
-        Route::WebSocket { tenant } => websocket(app, stream, buf, head, &tenant, peer).await,
-        Route::Sse { tenant } => server_sent_events(app, stream, head, &tenant, peer).await,
-        Route::Http => serve_http(app, stream, Bytes::from(buf), peer, router).await,
+        Route::WebSocket { tenant } => match open_ws(&app, &head, &tenant, peer).await {
+            Ok((accept, admitted)) => {
+                let response = format!(
+                    "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+                );
+                if stream.write_all(response.as_bytes()).await.is_err() {
+                    return;
+                }
+                let early = buf[head.len..].to_vec();
+                drop(buf);
+                start_ws(app, stream, early, admitted);
+            }
+            Err(r) => r.write_to(&mut stream).await,
+        },
+        Route::Sse { tenant } => match open_sse(&app, &head, &tenant, peer).await {
+            Ok((req, admitted)) => start_sse(app, stream, req, admitted).await,
+            Err(r) => r.write_to(&mut stream).await,
+        },
+        Route::Http => http::serve(app, stream, Bytes::from(buf), peer, router).await,
     }
 }
 
@@ -145,9 +159,11 @@ pub fn error_body(code: &str, message: &str) -> String {
 }
 
 /// Writes a complete small HTTP response and closes the connection.
-async fn respond(stream: &mut TcpStream, status: &str, extra: &[(&str, String)], body: &str) {
+async fn respond(stream: &mut TcpStream, status: StatusCode, extra: &[(&str, String)], body: &str) {
     let mut out = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
         body.len()
     );
     for (k, v) in extra {
@@ -247,15 +263,32 @@ fn denial_code(code: &str) -> String {
     }
 }
 
+/// The HTTP answer to a session request that does not become a session.
+/// The front door writes it and closes; on a kept-alive connection hyper
+/// sends it and the connection stays open.
 struct Refused {
-    status: &'static str,
+    status: StatusCode,
     extra: Vec<(&'static str, String)>,
     body: String,
 }
 
+impl Refused {
+    fn new(status: StatusCode, code: &str, message: &str) -> Refused {
+        Refused {
+            status,
+            extra: vec![],
+            body: error_body(code, message),
+        }
+    }
+
+    async fn write_to(self, stream: &mut TcpStream) {
+        respond(stream, self.status, &self.extra, &self.body).await;
+    }
+}
+
 fn busy(code: &str, message: &str) -> Refused {
     Refused {
-        status: "503 Service Unavailable",
+        status: StatusCode::SERVICE_UNAVAILABLE,
         extra: vec![("Retry-After", retry_after_secs().to_string())],
         body: error_body(code, message),
     }
@@ -263,28 +296,19 @@ fn busy(code: &str, message: &str) -> Refused {
 
 /// Checks everything that can refuse a session before its handshake is
 /// answered (readiness, memory, tenant, capacity, the plugin's
-/// authorize-connect); on refusal writes the HTTP answer itself.
+/// authorize-connect).
 async fn admit(
     app: &Arc<App>,
-    stream: &mut TcpStream,
     tenant_id: &str,
     transport: &str,
     head: &RequestHead,
     peer: SocketAddr,
-) -> Option<Admitted> {
-    let result = match check_admission(app, tenant_id) {
-        Ok(Admission::Done(a)) => Ok(a),
-        Ok(Admission::Authorize(slot, plugin)) => {
+) -> Result<Admitted, Refused> {
+    match check_admission(app, tenant_id)? {
+        Admission::Done(a) => Ok(a),
+        Admission::Authorize(slot, plugin) => {
             let req = connect_request(tenant_id, transport, head, peer);
             authorize_connect(slot, plugin, req).await
-        }
-        Err(r) => Err(r),
-    };
-    match result {
-        Ok(a) => Some(a),
-        Err(r) => {
-            respond(stream, r.status, &r.extra, &r.body).await;
-            None
         }
     }
 }
@@ -314,14 +338,11 @@ fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused
         ));
     }
     let Some(t) = app.tenants.get(tenant_id) else {
-        return Err(Refused {
-            status: "404 Not Found",
-            extra: vec![],
-            body: error_body(
-                "unknown_tenant",
-                &format!("no tenant {:?}", truncate(tenant_id)),
-            ),
-        });
+        return Err(Refused::new(
+            StatusCode::NOT_FOUND,
+            "unknown_tenant",
+            &format!("no tenant {:?}", truncate(tenant_id)),
+        ));
     };
     let slot = app.capacity.acquire(&t).map_err(|r| {
         t.metrics.refused(r.as_str());
@@ -335,14 +356,11 @@ fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused
     }
     let Some(p) = t.plugin() else {
         t.metrics.refused("no_active_plugin");
-        return Err(Refused {
-            status: "403 Forbidden",
-            extra: vec![],
-            body: error_body(
-                "no_active_plugin",
-                "tenant access is \"plugin\" and no plugin is active; connections are refused",
-            ),
-        });
+        return Err(Refused::new(
+            StatusCode::FORBIDDEN,
+            "no_active_plugin",
+            "tenant access is \"plugin\" and no plugin is active; connections are refused",
+        ));
     };
     if !p.info.hooks.authorize_connect {
         return Ok(Admission::Done(Admitted {
@@ -366,11 +384,11 @@ async fn authorize_connect(
         }),
         Ok(Err(denial)) => {
             t.metrics.refused("denied");
-            Err(Refused {
-                status: "403 Forbidden",
-                extra: vec![],
-                body: error_body(&denial_code(&denial.code), &denial.message),
-            })
+            Err(Refused::new(
+                StatusCode::FORBIDDEN,
+                &denial_code(&denial.code),
+                &denial.message,
+            ))
         }
         Err(e) => {
             // The plugin failed: fail closed, and say it is the server's fault.
@@ -393,72 +411,61 @@ fn truncate(s: &str) -> &str {
     &s[..end]
 }
 
-async fn websocket(
-    app: Arc<App>,
-    mut stream: TcpStream,
-    buf: Vec<u8>,
-    head: RequestHead,
+/// Checks a WebSocket handshake request and admits it; returns the
+/// `Sec-WebSocket-Accept` value and the admitted connection.
+async fn open_ws(
+    app: &Arc<App>,
+    head: &RequestHead,
     tenant: &str,
     peer: SocketAddr,
-) {
+) -> Result<(String, Admitted), Refused> {
     if head.header("sec-websocket-version").map(str::trim) != Some("13") {
-        let extra = [("Sec-WebSocket-Version", "13".to_string())];
-        respond(
-            &mut stream,
-            "426 Upgrade Required",
-            &extra,
-            &error_body("bad_request", "Sec-WebSocket-Version must be 13"),
-        )
-        .await;
-        return;
+        let mut r = Refused::new(
+            StatusCode::UPGRADE_REQUIRED,
+            "bad_request",
+            "Sec-WebSocket-Version must be 13",
+        );
+        r.extra.push(("Sec-WebSocket-Version", "13".to_string()));
+        return Err(r);
     }
     let Some(key) = head
         .header("sec-websocket-key")
         .filter(|k| k.trim().len() == 24)
     else {
-        respond(
-            &mut stream,
-            "400 Bad Request",
-            &[],
-            &error_body("bad_request", "missing or invalid Sec-WebSocket-Key"),
-        )
-        .await;
-        return;
+        return Err(Refused::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "missing or invalid Sec-WebSocket-Key",
+        ));
     };
     if !head.header_has_token("connection", "upgrade") {
-        respond(
-            &mut stream,
-            "400 Bad Request",
-            &[],
-            &error_body("bad_request", "Connection header must include Upgrade"),
-        )
-        .await;
-        return;
+        return Err(Refused::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "Connection header must include Upgrade",
+        ));
     }
     let accept = ws::accept_key(key);
-    let Some(admitted) = admit(&app, &mut stream, tenant, "ws", &head, peer).await else {
-        return;
-    };
-    let response = format!(
-        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
-    );
-    if stream.write_all(response.as_bytes()).await.is_err() {
-        return;
-    }
-    let early = buf[head.len..].to_vec();
-    drop(buf);
+    let admitted = admit(app, tenant, "ws", head, peer).await?;
+    Ok((accept, admitted))
+}
+
+/// Runs an admitted WebSocket session whose 101 was sent. `early` holds
+/// bytes the client sent after its handshake request.
+fn start_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: Admitted) {
     // A task of its own, sized by the session alone, not by the handshake states.
     let tracker = app.tracker.clone();
     tracker.spawn(session::run_ws(app, stream, early, admitted));
 }
 
-async fn server_sent_events(
-    app: Arc<App>,
-    mut stream: TcpStream,
-    head: RequestHead,
+/// Checks an SSE request (channels, resume position, subscription rights)
+/// and admits it.
+async fn open_sse(
+    app: &Arc<App>,
+    head: &RequestHead,
     tenant_id: &str,
     peer: SocketAddr,
-) {
+) -> Result<(session::SseRequest, Admitted), Refused> {
     let mut channels = Vec::new();
     let mut last_event_id = head.header("last-event-id").map(str::to_string);
     for (k, v) in head.query_pairs() {
@@ -468,95 +475,65 @@ async fn server_sent_events(
             _ => {}
         }
     }
-    let bad = |msg: String| error_body("bad_request", &msg);
     if channels.is_empty() {
-        respond(
-            &mut stream,
-            "400 Bad Request",
-            &[],
-            &bad("at least one `ch` query parameter is required".into()),
-        )
-        .await;
-        return;
+        return Err(Refused::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "at least one `ch` query parameter is required",
+        ));
     }
     for ch in &channels {
         if let Err(e) = proto::validate_channel(ch) {
-            let body = error_body("bad_channel", &format!("channel {:?}: {e}", truncate(ch)));
-            respond(&mut stream, "400 Bad Request", &[], &body).await;
-            return;
+            let msg = format!("channel {:?}: {e}", truncate(ch));
+            return Err(Refused::new(StatusCode::BAD_REQUEST, "bad_channel", &msg));
         }
     }
-    channels.dedup();
+    // Each channel once, in first-seen order: the order of the `id:` positions.
+    let mut seen = HashSet::with_capacity(channels.len());
+    channels.retain(|ch| seen.insert(ch.clone()));
+    drop(seen);
     if let Some(t) = app.tenants.get(tenant_id) {
         let max = t.settings().limits.max_subscriptions;
         if channels.len() > max {
-            let body = error_body(
+            return Err(Refused::new(
+                StatusCode::BAD_REQUEST,
                 "too_many_subscriptions",
                 &format!("at most {max} channels per stream"),
-            );
-            respond(&mut stream, "400 Bad Request", &[], &body).await;
-            return;
+            ));
         }
     }
     let resume = last_event_id.and_then(|id| sse::parse_last_event_id(&id, channels.len()));
-    let Some(admitted) = admit(&app, &mut stream, tenant_id, "sse", &head, peer).await else {
-        return;
-    };
+    let admitted = admit(app, tenant_id, "sse", head, peer).await?;
     for ch in &channels {
         if let Err(refusal) =
             session::authorize_subscribe(&admitted.slot.tenant, admitted.session.clone(), ch).await
         {
-            let r = match refusal {
-                session::SubRefusal::Denied(code, msg) => Refused {
-                    status: "403 Forbidden",
-                    extra: vec![],
-                    body: error_body(&denial_code(&code), &msg),
-                },
+            return Err(match refusal {
+                session::SubRefusal::Denied(code, msg) => {
+                    Refused::new(StatusCode::FORBIDDEN, &denial_code(&code), &msg)
+                }
                 session::SubRefusal::Failed(kind) => busy(
                     &format!("plugin_{kind}"),
                     "the tenant's plugin failed to authorize this subscription",
                 ),
-            };
-            respond(&mut stream, r.status, &r.extra, &r.body).await;
-            return;
+            });
         }
     }
+    Ok((session::SseRequest { channels, resume }, admitted))
+}
+
+/// Sends the SSE response head and runs the admitted stream.
+async fn start_sse(
+    app: Arc<App>,
+    mut stream: TcpStream,
+    req: session::SseRequest,
+    admitted: Admitted,
+) {
     let head_out = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\
                     X-Accel-Buffering: no\r\nAccess-Control-Allow-Origin: *\r\nConnection: close\r\n\r\n";
     if stream.write_all(head_out.as_bytes()).await.is_err() {
         return;
     }
     let tracker = app.tracker.clone();
-    tracker.spawn(session::run_sse(
-        app,
-        stream,
-        session::SseRequest { channels, resume },
-        admitted,
-    ));
-}
-
-async fn serve_http(
-    app: Arc<App>,
-    stream: TcpStream,
-    prefix: Bytes,
-    _peer: SocketAddr,
-    router: axum::Router,
-) {
-    let io = TokioIo::new(prefixed::Prefixed::new(prefix, stream));
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEAD_TIMEOUT)
-        .serve_connection(io, TowerToHyperService::new(router));
-    tokio::pin!(conn);
-    tokio::select! {
-        r = conn.as_mut() => {
-            if let Err(e) = r {
-                tracing::trace!(error = %e, "http connection ended with an error");
-            }
-        }
-        _ = app.shutdown.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
-        }
-    }
+    tracker.spawn(session::run_sse(app, stream, req, admitted));
 }

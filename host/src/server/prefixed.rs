@@ -1,11 +1,17 @@
-//! A TCP stream that first yields bytes the front door already read.
+//! The TCP stream hyper serves: it first yields bytes the front door already
+//! read, and can be told to discard what hyper writes.
 //!
-//! Owns: handing a connection to the HTTP router after its head was peeked.
-//! Invariant: the prefix is returned exactly once, before any socket byte.
+//! Owns: handing a connection to the HTTP router after its head was peeked,
+//! and giving the socket back intact when a later request becomes a session.
+//! Invariants: the prefix is returned exactly once, before any socket byte;
+//! once `discard` is set nothing hyper writes reaches the socket (the session
+//! that takes the socket over writes its own response head).
 
 use bytes::{Buf, Bytes};
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -13,11 +19,25 @@ use tokio::net::TcpStream;
 pub struct Prefixed {
     prefix: Bytes,
     inner: TcpStream,
+    discard: Arc<AtomicBool>,
 }
 
 impl Prefixed {
-    pub fn new(prefix: Bytes, inner: TcpStream) -> Prefixed {
-        Prefixed { prefix, inner }
+    pub fn new(prefix: Bytes, inner: TcpStream, discard: Arc<AtomicBool>) -> Prefixed {
+        Prefixed {
+            prefix,
+            inner,
+            discard,
+        }
+    }
+
+    /// The socket and the part of the prefix not yet read.
+    pub fn into_parts(self) -> (Bytes, TcpStream) {
+        (self.prefix, self.inner)
+    }
+
+    fn discarding(&self) -> bool {
+        self.discard.load(Ordering::Acquire)
     }
 }
 
@@ -43,6 +63,9 @@ impl AsyncWrite for Prefixed {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.discarding() {
+            return Poll::Ready(Ok(buf.len()));
+        }
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_write_vectored(
@@ -50,15 +73,24 @@ impl AsyncWrite for Prefixed {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if self.discarding() {
+            return Poll::Ready(Ok(bufs.iter().map(|b| b.len()).sum()));
+        }
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {
         true
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.discarding() {
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.inner).poll_flush(cx)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.discarding() {
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

@@ -385,3 +385,142 @@ pub async fn next_op(ws: &mut Ws, op: &str, within: Duration) -> Value {
     .await
     .unwrap_or_else(|_| panic!("no {op} frame within {within:?}"))
 }
+
+impl Sse {
+    /// The next raw line of the stream without its line ending (comments
+    /// and `retry:` included); `None` when the stream ended.
+    pub async fn next_line(&mut self) -> Option<String> {
+        let mut line = String::new();
+        let n = tokio::time::timeout(WAIT, self.r.read_line(&mut line))
+            .await
+            .expect("sse line within deadline")
+            .ok()?;
+        (n > 0).then(|| line.trim_end_matches(['\r', '\n']).to_string())
+    }
+}
+
+/// A loopback TCP proxy in front of `target` that counts the connections
+/// clients open through it: proof of how many sockets a pooled client used.
+pub struct CountingProxy {
+    pub addr: SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl CountingProxy {
+    pub async fn start(target: SocketAddr) -> CountingProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        CountingProxy {
+            addr,
+            accepted,
+            task,
+        }
+    }
+
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for CountingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A response read off a raw socket: status, lower-cased headers, body.
+#[derive(Debug)]
+pub struct RawResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Reads one response head (byte by byte, so nothing after it is consumed)
+/// and, unless it is a 101 or an event stream, its `Content-Length` body.
+pub async fn read_response(stream: &mut TcpStream) -> RawResponse {
+    use tokio::io::AsyncReadExt;
+    tokio::time::timeout(WAIT, async {
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            let n = stream.read(&mut b).await.expect("read response head");
+            assert!(n == 1, "connection closed inside a response head: {head:?}");
+            head.push(b[0]);
+            assert!(head.len() < 16 * 1024, "response head too long");
+        }
+        let text = String::from_utf8(head).unwrap();
+        let mut lines = text.split("\r\n");
+        let status = lines.next().unwrap().split_whitespace().nth(1).unwrap();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        let mut r = RawResponse {
+            status: status.parse().unwrap(),
+            headers,
+            body: Vec::new(),
+        };
+        let len = r
+            .header("content-length")
+            .map(|v| v.parse::<usize>().unwrap());
+        if let Some(len) = len {
+            r.body = vec![0; len];
+            stream.read_exact(&mut r.body).await.expect("read body");
+        }
+        r
+    })
+    .await
+    .expect("response within deadline")
+}
+
+/// A WebSocket upgrade request for `tenant` (HTTP/1.1, fixed key).
+pub fn ws_upgrade_request(tenant: &str, extra_headers: &str) -> String {
+    format!(
+        "GET /v1/t/{tenant}/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extra_headers}\r\n"
+    )
+}
+
+/// One masked client text frame (payload under 126 bytes).
+pub fn client_text_frame(text: &str) -> Vec<u8> {
+    let mask = [0x1u8, 0x2, 0x3, 0x4];
+    assert!(text.len() < 126);
+    let mut f = vec![0x81, 0x80 | text.len() as u8];
+    f.extend_from_slice(&mask);
+    f.extend(text.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    f
+}
+
+/// Turns a socket whose 101 was already read into a WebSocket client.
+pub async fn ws_from_upgraded(stream: TcpStream) -> Ws {
+    let s = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        tokio_tungstenite::MaybeTlsStream::Plain(stream),
+        tokio_tungstenite::tungstenite::protocol::Role::Client,
+        None,
+    )
+    .await;
+    Ws { s }
+}

@@ -1,0 +1,202 @@
+//! The writer both kinds of session share: what was taken from the queue and
+//! not yet written, `writev` of shared frames, the last words before close.
+//!
+//! Invariants: a frame is borrowed from the channel's encoded `Bytes`, never
+//! copied, unless the socket took only part of it; the backlog is empty (no
+//! allocation) once written; nothing here waits except [`finish`], which is
+//! bounded.
+
+use super::sse::SseState;
+use super::End;
+use crate::fanout::queue::Item;
+use crate::fanout::session::SessionHandle;
+use crate::tenant::Tenant;
+use bytes::{Buf, Bytes, BytesMut};
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::time::Duration;
+use tokio::io::{AsyncWriteExt, Interest};
+use tokio::net::TcpStream;
+
+/// Slices handed to one `writev`.
+const MAX_IOV: usize = 64;
+
+/// Frames taken from the queue and not yet fully written.
+#[derive(Default)]
+pub(super) struct Outbox {
+    bufs: VecDeque<Bytes>,
+}
+
+impl Outbox {
+    pub(super) fn is_empty(&self) -> bool {
+        self.bufs.is_empty()
+    }
+
+    /// Writes as much as the socket takes. `Ok(true)` when everything went.
+    fn flush(&mut self, stream: &TcpStream, writes: &mut u64) -> io::Result<bool> {
+        while !self.bufs.is_empty() {
+            let mut slices = [IoSlice::new(&[]); MAX_IOV];
+            let n = self.bufs.len().min(MAX_IOV);
+            for (slot, b) in slices.iter_mut().zip(self.bufs.iter()) {
+                *slot = IoSlice::new(b);
+            }
+            match stream.try_write_vectored(&slices[..n]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(mut written) => {
+                    *writes += 1;
+                    while written > 0 {
+                        let front = self
+                            .bufs
+                            .front_mut()
+                            .expect("written bytes came from queued buffers");
+                        if written >= front.len() {
+                            written -= front.len();
+                            self.bufs.pop_front();
+                        } else {
+                            front.advance(written);
+                            written = 0;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        self.bufs = VecDeque::new();
+        Ok(true)
+    }
+}
+
+/// Best effort: sends what was pending and the final frame within a second,
+/// then closes the socket.
+pub(super) async fn finish(mut stream: TcpStream, mut out: Outbox, last: Option<Bytes>) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Some(b) = out.bufs.pop_front() {
+            stream.write_all(&b).await?;
+        }
+        if let Some(last) = last {
+            stream.write_all(&last).await?;
+        }
+        stream.shutdown().await
+    })
+    .await;
+}
+
+/// Readable always; writable too while frames wait for socket space.
+pub(super) fn interest(out: &Outbox) -> Interest {
+    if out.is_empty() {
+        Interest::READABLE
+    } else {
+        Interest::READABLE | Interest::WRITABLE
+    }
+}
+
+pub(super) fn flush(stream: &TcpStream, out: &mut Outbox, tenant: &Tenant) -> Result<(), End> {
+    let mut writes = 0;
+    let r = out.flush(stream, &mut writes);
+    tenant.metrics.writes.increment(writes);
+    r.map(|_| ()).map_err(|_| End::Io)
+}
+
+/// Moves everything queued into the outbox (SSE messages get their id line)
+/// and writes it; ends the session once it was closed and nothing it must
+/// still send is queued.
+pub(super) fn load_and_flush(
+    stream: &TcpStream,
+    handle: &SessionHandle,
+    out: &mut Outbox,
+    tenant: &Tenant,
+    sse: Option<&mut SseState>,
+) -> Result<(), End> {
+    match handle.take_or_close() {
+        Ok(items) => send_queued(stream, items, out, tenant, sse),
+        Err(reason) => Err(super::queue_end(reason, handle.policy().as_str())),
+    }
+}
+
+/// Writes frames taken from the queue (SSE messages get their id line).
+pub(super) fn send_queued(
+    stream: &TcpStream,
+    items: VecDeque<Item>,
+    out: &mut Outbox,
+    tenant: &Tenant,
+    mut sse: Option<&mut SseState>,
+) -> Result<(), End> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    tenant.metrics.frames_sent.increment(items.len() as u64);
+    if sse.is_none() && out.is_empty() {
+        return write_direct(stream, items, out, tenant);
+    }
+    let mut ids = BytesMut::new();
+    let mut id_ranges = Vec::new();
+    for item in items {
+        match item {
+            Item::Ctrl(b) => out.bufs.push_back(b),
+            Item::Msg(m) => match sse.as_deref_mut() {
+                None => out.bufs.push_back(m.ws.clone()),
+                Some(state) => {
+                    out.bufs.push_back(m.sse.clone());
+                    let start = ids.len();
+                    state.write_id_after(&m, &mut ids);
+                    // Placeholder, replaced below once `ids` is frozen.
+                    id_ranges.push((out.bufs.len(), start, ids.len()));
+                    out.bufs.push_back(Bytes::new());
+                }
+            },
+        }
+    }
+    if !id_ranges.is_empty() {
+        let ids = ids.freeze();
+        for (at, start, end) in id_ranges {
+            out.bufs[at] = ids.slice(start..end);
+        }
+    }
+    flush(stream, out, tenant)
+}
+
+/// Writes queued WebSocket frames straight from the shared buffers with one
+/// `writev`; only what the socket did not take is copied into the outbox.
+fn write_direct(
+    stream: &TcpStream,
+    items: VecDeque<Item>,
+    out: &mut Outbox,
+    tenant: &Tenant,
+) -> Result<(), End> {
+    fn bytes(i: &Item) -> &Bytes {
+        match i {
+            Item::Msg(m) => &m.ws,
+            Item::Ctrl(b) => b,
+        }
+    }
+    let mut slices = [IoSlice::new(&[]); MAX_IOV];
+    let n = items.len().min(MAX_IOV);
+    for (slot, it) in slices.iter_mut().zip(items.iter()) {
+        *slot = IoSlice::new(bytes(it));
+    }
+    let mut written = match stream.try_write_vectored(&slices[..n]) {
+        Ok(w) => {
+            tenant.metrics.writes.increment(1);
+            w
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+        Err(_) => return Err(End::Io),
+    };
+    for it in &items {
+        let b = bytes(it);
+        if written >= b.len() {
+            written -= b.len();
+            continue;
+        }
+        let mut rest = b.clone();
+        rest.advance(written);
+        written = 0;
+        out.bufs.push_back(rest);
+    }
+    if out.is_empty() {
+        Ok(())
+    } else {
+        flush(stream, out, tenant)
+    }
+}

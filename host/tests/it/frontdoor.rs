@@ -1,0 +1,377 @@
+//! The front door: sessions on any request of a connection, the answers it
+//! gives before a session exists, SSE channel lists and resume, heartbeats.
+
+use crate::helpers::*;
+use futures_util::StreamExt;
+use serde_json::json;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Reads a streaming reqwest body until `needle` has arrived; returns all text.
+async fn read_until(resp: &mut reqwest::Response, needle: &str) -> String {
+    let mut text = String::new();
+    tokio::time::timeout(WAIT, async {
+        while !text.contains(needle) {
+            let chunk = resp.chunk().await.unwrap().expect("stream still open");
+            text.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{needle:?} not seen within {WAIT:?}; got {text:?}"));
+    text
+}
+
+const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+
+#[tokio::test]
+async fn sse_on_a_pooled_connection_becomes_a_session() {
+    let h = spawn_host().await;
+    let key = h.public_tenant("fd-pool").await;
+    let proxy = CountingProxy::start(h.addr).await;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1)
+        .build()
+        .unwrap();
+    let base = format!("http://{}", proxy.addr);
+    let r = client.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r.text().await.unwrap();
+    let mut sse = client
+        .get(format!("{base}/v1/t/fd-pool/sse?ch=a"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), 200);
+    assert_eq!(
+        sse.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    // The session is live (the retry hint comes first), then a message.
+    read_until(&mut sse, "retry:").await;
+    h.publish("fd-pool", &key, json!({"ch":"a","data":{"n":1}}))
+        .await;
+    let text = read_until(&mut sse, "id: ").await;
+    assert!(
+        text.contains("event: msg\ndata: {\"op\":\"msg\",\"ch\":\"a\",\"seq\":1"),
+        "{text}"
+    );
+    assert_eq!(
+        proxy.accepted(),
+        1,
+        "both requests went over one connection"
+    );
+    assert_eq!(
+        h.metric("herald_connections_opened_total{tenant=\"fd-pool\",transport=\"sse\"}")
+            .await,
+        1.0
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn websocket_upgrade_after_a_keep_alive_request_on_one_socket() {
+    let h = spawn_host().await;
+    let key = h.public_tenant("fd-raw").await;
+    let mut s = TcpStream::connect(h.addr).await.unwrap();
+    s.write_all(HEALTHZ).await.unwrap();
+    let r = read_response(&mut s).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    // The upgrade and a first frame in one write: the frame must not be lost
+    // in the HTTP layer's read buffer.
+    let mut req = ws_upgrade_request("fd-raw", "").into_bytes();
+    req.extend(client_text_frame(r#"{"op":"sub","ch":"c","id":1}"#));
+    s.write_all(&req).await.unwrap();
+    let r = read_response(&mut s).await;
+    assert_eq!(r.status, 101, "{r:?}");
+    assert_eq!(
+        r.header("sec-websocket-accept"),
+        Some("s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
+    );
+    let mut ws = ws_from_upgraded(s).await;
+    let ack = ws.next().await;
+    assert_eq!(
+        (ack["op"].as_str(), ack["id"].as_u64()),
+        (Some("ack"), Some(1))
+    );
+    h.publish("fd-raw", &key, json!({"ch":"c","data":7})).await;
+    let m = ws.next().await;
+    assert_eq!((m["seq"].as_u64(), m["data"].as_u64()), (Some(1), Some(7)));
+    ws.send(json!({"op":"ping","id":2})).await;
+    assert_eq!(ws.next().await, json!({"op":"pong","id":2}));
+    assert_eq!(
+        h.metric("herald_connections_opened_total{tenant=\"fd-raw\",transport=\"ws\"}")
+            .await,
+        1.0
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn sse_pipelined_behind_a_request_gets_both_answers() {
+    let h = spawn_host().await;
+    let key = h.public_tenant("fd-pipe").await;
+    let mut s = TcpStream::connect(h.addr).await.unwrap();
+    let mut both = HEALTHZ.to_vec();
+    both.extend_from_slice(b"GET /v1/t/fd-pipe/sse?ch=c HTTP/1.1\r\nHost: x\r\n\r\n");
+    s.write_all(&both).await.unwrap();
+    let r = read_response(&mut s).await;
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]), "{r:?}");
+    let r = read_response(&mut s).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let mut text = String::new();
+    tokio::time::timeout(WAIT, async {
+        while !text.contains("retry:") {
+            let mut buf = [0u8; 512];
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "stream ended: {text:?}");
+            text.push_str(std::str::from_utf8(&buf[..n]).unwrap());
+        }
+        h.publish("fd-pipe", &key, json!({"ch":"c","data":1})).await;
+        while !text.contains("\"seq\":1") {
+            let mut buf = [0u8; 512];
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "stream ended: {text:?}");
+            text.push_str(std::str::from_utf8(&buf[..n]).unwrap());
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no message on the stream: {text:?}"));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn refusals_on_a_later_request_keep_the_connection() {
+    let h = spawn_host().await;
+    h.public_tenant("fd-refuse").await;
+    // First request of a connection: the front door answers and closes.
+    let mut s = TcpStream::connect(h.addr).await.unwrap();
+    s.write_all(b"GET /v1/t/fd-nobody/sse?ch=a HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let r = read_response(&mut s).await;
+    assert_eq!(r.status, 404, "{r:?}");
+    // A later request: the same answers, and the connection stays usable.
+    let mut s = TcpStream::connect(h.addr).await.unwrap();
+    s.write_all(HEALTHZ).await.unwrap();
+    assert_eq!(read_response(&mut s).await.status, 200);
+    s.write_all(b"GET /v1/t/fd-nobody/sse?ch=a HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let r = read_response(&mut s).await;
+    assert_eq!(r.status, 404, "{r:?}");
+    let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(body["error"]["code"], "unknown_tenant", "{body}");
+    s.write_all(b"GET /v1/t/fd-refuse/sse HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut s).await.status, 400);
+    s.write_all(ws_upgrade_request("fd-nobody", "").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut s).await.status, 404);
+    let bad_version = ws_upgrade_request("fd-refuse", "").replace("Version: 13", "Version: 8");
+    s.write_all(bad_version.as_bytes()).await.unwrap();
+    let r = read_response(&mut s).await;
+    assert_eq!(
+        (r.status, r.header("sec-websocket-version")),
+        (426, Some("13")),
+        "{r:?}"
+    );
+    // A tenant that fails closed refuses on a later request too.
+    h.tenant(json!({"id": "fd-locked"})).await;
+    s.write_all(b"GET /v1/t/fd-locked/sse?ch=a HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let r = read_response(&mut s).await;
+    assert_eq!(r.status, 403, "{r:?}");
+    s.write_all(HEALTHZ).await.unwrap();
+    assert_eq!(read_response(&mut s).await.status, 200);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn plain_get_to_ws_is_426_not_a_redirect() {
+    let h = spawn_host().await;
+    h.public_tenant("fd-426").await;
+    let plain = b"GET /v1/t/fd-426/ws HTTP/1.1\r\nHost: x\r\n\r\n";
+    // As the first request of a connection.
+    let mut s = TcpStream::connect(h.addr).await.unwrap();
+    s.write_all(plain).await.unwrap();
+    let r = read_response(&mut s).await;
+    assert_eq!(
+        (r.status, r.header("upgrade")),
+        (426, Some("websocket")),
+        "{r:?}"
+    );
+    let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(body["error"]["code"], "upgrade_required", "{body}");
+    // As a later one, on the same connection.
+    s.write_all(plain).await.unwrap();
+    let r = read_response(&mut s).await;
+    assert_eq!(
+        (r.status, r.header("upgrade")),
+        (426, Some("websocket")),
+        "{r:?}"
+    );
+    // A client that follows redirects gets the answer, not a loop.
+    let r = h.http.get(h.url("/v1/t/fd-426/ws")).send().await.unwrap();
+    assert_eq!(r.status(), 426);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn sse_repeated_channel_is_subscribed_once() {
+    let h = spawn_host().await;
+    let key = h.public_tenant("fd-dedup").await;
+    let mut s = h.sse("fd-dedup", "ch=a&ch=b&ch=a", None).await;
+    assert_eq!(s.status, 200);
+    h.publish("fd-dedup", &key, json!({"ch":"a","data":1}))
+        .await;
+    h.publish("fd-dedup", &key, json!({"ch":"b","data":2}))
+        .await;
+    let e = s.next().await.unwrap();
+    assert_eq!(
+        (e.data["ch"].as_str(), e.data["seq"].as_u64()),
+        (Some("a"), Some(1))
+    );
+    // One position per distinct channel, in first-seen order.
+    let id = e.id.unwrap();
+    assert_eq!(id.split(',').count(), 2, "{id}");
+    let e = s.next().await.unwrap();
+    assert_eq!(e.data["ch"], "b", "a second copy of a arrived: {e:?}");
+    assert_eq!(
+        h.metric("herald_subscriptions{tenant=\"fd-dedup\"}").await,
+        2.0
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn sse_resumes_from_the_last_event_id_query_parameter() {
+    let h = spawn_host().await;
+    let key = h.public_tenant("fd-resume").await;
+    let mut s = h.sse("fd-resume", "ch=c", None).await;
+    h.publish("fd-resume", &key, json!({"ch":"c","data":1}))
+        .await;
+    let id = s.next().await.unwrap().id.unwrap();
+    drop(s);
+    h.publish("fd-resume", &key, json!({"ch":"c","data":2}))
+        .await;
+    h.publish("fd-resume", &key, json!({"ch":"c","data":3}))
+        .await;
+    let mut s = h
+        .sse("fd-resume", &format!("ch=c&last_event_id={id}"), None)
+        .await;
+    assert_eq!(s.status, 200);
+    for seq in [2, 3] {
+        assert_eq!(s.next().await.unwrap().data["seq"], seq);
+    }
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn sse_sends_a_comment_every_heartbeat() {
+    let mut opts = HostOptions::new();
+    opts.config.heartbeat = Duration::from_millis(200);
+    let h = spawn_with(opts).await;
+    h.public_tenant("fd-sse-hb").await;
+    let mut s = h.sse("fd-sse-hb", "ch=c", None).await;
+    let start = Instant::now();
+    let mut comments = 0;
+    while comments < 3 {
+        let line = s.next_line().await.expect("stream open");
+        if line == ":" {
+            comments += 1;
+        }
+    }
+    assert!(
+        start.elapsed() >= Duration::from_millis(500),
+        "three heartbeats came too fast: {:?}",
+        start.elapsed()
+    );
+    h.stop().await;
+}
+
+const HB: Duration = Duration::from_millis(300);
+
+#[tokio::test]
+async fn ws_client_silent_for_two_heartbeats_is_closed_with_4002() {
+    let mut opts = HostOptions::new();
+    opts.config.heartbeat = HB;
+    let h = spawn_with(opts).await;
+    h.public_tenant("fd-ws-silent").await;
+    // A raw socket never answers the pings.
+    let mut s = TcpStream::connect(h.addr).await.unwrap();
+    s.write_all(ws_upgrade_request("fd-ws-silent", "").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut s).await.status, 101);
+    let silent_since = Instant::now();
+    let mut got = Vec::new();
+    let mut pings = 0;
+    let code = tokio::time::timeout(HB * 3 + Duration::from_secs(1), async {
+        loop {
+            let mut buf = [0u8; 256];
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed without a close frame");
+            got.extend_from_slice(&buf[..n]);
+            // Unmasked server frames with short payloads: opcode, length, payload.
+            while got.len() >= 2 && got.len() >= 2 + (got[1] & 0x7f) as usize {
+                let len = (got[1] & 0x7f) as usize;
+                let frame: Vec<u8> = got.drain(..2 + len).collect();
+                match frame[0] & 0x0f {
+                    0x9 => pings += 1,
+                    0x8 => return u16::from_be_bytes([frame[2], frame[3]]),
+                    op => panic!("unexpected opcode {op}"),
+                }
+            }
+        }
+    })
+    .await
+    .expect("closed within three heartbeats");
+    let silent = silent_since.elapsed();
+    assert_eq!(code, 4002);
+    // The client's clock started a moment after the server's.
+    assert!(
+        silent + Duration::from_millis(50) >= HB * 2,
+        "closed after {silent:?} of silence"
+    );
+    assert!(pings >= 1, "pinged before being closed");
+    assert_eq!(
+        h.metric(
+            "herald_sessions_closed_total{tenant=\"fd-ws-silent\",reason=\"heartbeat_timeout\"}"
+        )
+        .await,
+        1.0
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn ws_client_answering_pings_is_never_closed() {
+    let mut opts = HostOptions::new();
+    opts.config.heartbeat = HB;
+    let h = spawn_with(opts).await;
+    let key = h.public_tenant("fd-ws-alive").await;
+    let mut ws = h.ws("fd-ws-alive").await;
+    // tungstenite answers every ping while it reads; the client sends nothing else.
+    let mut pings = 0;
+    tokio::time::timeout(HB * 20, async {
+        while pings < 8 {
+            match ws.s.next().await.expect("open").expect("frame") {
+                tokio_tungstenite::tungstenite::Message::Ping(_) => pings += 1,
+                other => panic!("unexpected frame {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("eight pings within twenty heartbeats");
+    // Eight heartbeats later the session still delivers.
+    ws.sub("c", 1).await;
+    h.publish("fd-ws-alive", &key, json!({"ch":"c","data":1}))
+        .await;
+    assert_eq!(ws.next().await["seq"], 1);
+    h.stop().await;
+}
