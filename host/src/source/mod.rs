@@ -119,6 +119,13 @@ pub struct Health {
     pub records: u64,
     pub errors: u64,
     pub last_error: Option<String>,
+    /// Outbox: rows already committed that wait behind a transaction still
+    /// open (part of `lag`; delivered, in order, once it ends).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_back: Option<u64>,
+    /// Outbox: how long the oldest transaction holding rows back has been open.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oldest_open_xact_ms: Option<u64>,
 }
 
 impl Health {
@@ -137,6 +144,8 @@ impl Health {
             records: 0,
             errors: 0,
             last_error: None,
+            held_back: None,
+            oldest_open_xact_ms: None,
         }
     }
 }
