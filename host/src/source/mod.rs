@@ -315,7 +315,9 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
 }
 
 /// Waits for a stopped reader to end; after [`STOP_GRACE`] it is aborted
-/// (dropped at its next await). Either way it has ended when this returns.
+/// (dropped at its next await). Either way it has ended when this returns;
+/// only a plugin call it had already handed off the runtime may still finish
+/// (within the plugin's deadline).
 async fn finish(tenant: &str, mut task: tokio::task::JoinHandle<()>) {
     if tokio::time::timeout(STOP_GRACE, &mut task).await.is_err() {
         tracing::warn!(tenant = %tenant, "source reader did not stop within {STOP_GRACE:?}; aborting it");
