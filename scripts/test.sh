@@ -15,11 +15,18 @@ log() { printf '\n== %s\n' "$*"; }
 log "toolchain"
 rustup target add wasm32-wasip2 >/dev/null 2>&1 || rustup target add wasm32-wasip2
 
+newest_pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+if [ ! -x "$PG_BIN/initdb" ] && [ -x "$(newest_pg_bin)/initdb" ]; then
+    PG_BIN="$(newest_pg_bin)"
+fi
 if [ ! -x "$PG_BIN/initdb" ]; then
     log "installing PostgreSQL (initdb not found in $PG_BIN)"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
-    PG_BIN="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
+    PG_BIN="$(newest_pg_bin)"
 fi
+
+# The outbox tests start clusters of their own with the same binaries.
+export PG_BIN
 
 PG_DIR="$(mktemp -d /tmp/herald-pg.XXXXXX)"
 PG_STARTED=0

@@ -86,6 +86,10 @@ pub struct FanoutArgs {
     /// Run the same scenario against a baseline server afterwards and compare.
     #[arg(long, value_enum)]
     pub baseline: Option<Baseline>,
+    /// Another Herald build (e.g. the commit before a change) measured in the
+    /// same run with the same plugin: the A/B of a change on the data path.
+    #[arg(long)]
+    pub baseline_herald: Option<std::path::PathBuf>,
     /// A plugin component activated on the bench tenant (e.g. ticker_conflate.wasm).
     #[arg(long)]
     pub plugin: Option<std::path::PathBuf>,
@@ -254,6 +258,8 @@ struct Server<'a> {
     kind: Kind,
     plugin: Option<&'a std::path::Path>,
     label: String,
+    /// A Herald binary other than `--herald`.
+    bin: Option<&'a std::path::Path>,
 }
 
 /// Whether an outcome means the server broke at this rate: frames lost or
@@ -301,17 +307,28 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
         kind: Kind::Herald,
         plugin: args.plugin.as_deref(),
         label: "herald".into(),
+        bin: None,
     }];
+    if let Some(bin) = &args.baseline_herald {
+        servers.push(Server {
+            kind: Kind::Herald,
+            plugin: args.plugin.as_deref(),
+            label: "herald-baseline".into(),
+            bin: Some(bin),
+        });
+    }
     match args.baseline {
         Some(Baseline::Raw) => servers.push(Server {
             kind: Kind::Raw,
             plugin: None,
             label: "raw".into(),
+            bin: None,
         }),
         Some(Baseline::NoPlugin) => servers.push(Server {
             kind: Kind::Herald,
             plugin: None,
             label: "herald-no-plugin".into(),
+            bin: None,
         }),
         None => {}
     }
@@ -320,6 +337,7 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
             kind: p.kind(),
             plugin: None,
             label: p.kind().as_str().into(),
+            bin: None,
         });
     }
     // Peers take one message per request; with a peer in the run every server
@@ -600,9 +618,19 @@ pub async fn start(
     c: &CommonArgs,
     plugin: Option<&std::path::Path>,
 ) -> anyhow::Result<Target> {
+    start_bin(kind, c, plugin, &c.herald).await
+}
+
+/// [`start`] with Herald from `bin`.
+async fn start_bin(
+    kind: Kind,
+    c: &CommonArgs,
+    plugin: Option<&std::path::Path>,
+    bin: &std::path::Path,
+) -> anyhow::Result<Target> {
     match kind {
         Kind::Herald => {
-            let t = Target::herald(&c.herald, &c.herald_args).await?;
+            let t = Target::herald(bin, &c.herald_args).await?;
             if let Some(p) = plugin {
                 t.install_plugin(p).await?;
             }
@@ -623,7 +651,7 @@ async fn one(
 ) -> anyhow::Result<Outcome> {
     let c = &args.common;
     let kind = srv.kind;
-    let mut server = start(kind, c, srv.plugin).await?;
+    let mut server = start_bin(kind, c, srv.plugin, srv.bin.unwrap_or(&c.herald)).await?;
     let left = deadline.saturating_duration_since(Instant::now());
     let spec = PoolSpec {
         channels: plan.channels,

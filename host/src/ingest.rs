@@ -148,7 +148,7 @@ fn record(tenant: &Tenant, t: &Tally) {
     m.dropped.increment(t.dropped);
     m.disconnected.increment(t.disconnected);
     for ch in &t.newly_rebased {
-        tracing::warn!(tenant = %tenant.id, channel = %ch, "channel fed from several source streams (e.g. Kafka partitions): positions behind it are published at the channel's next seq, which other nodes may number differently");
+        tracing::warn!(tenant = %tenant.id, channel = %ch, "a source position behind the channel's (several Kafka partitions into one channel, or outbox rows committed out of id order) was published at the channel's next seq, which other nodes may number differently");
     }
 }
 

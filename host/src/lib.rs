@@ -33,9 +33,6 @@ use tokio::net::TcpListener;
 /// logs, the listener and accepting-to-refuse over-capacity clients.
 const FD_RESERVE: u64 = 100;
 
-/// How long shutdown waits for a source reader to finish its batch.
-const SOURCE_STOP_WAIT: Duration = Duration::from_secs(5);
-
 /// Raises RLIMIT_NOFILE's soft limit to its hard limit; returns the soft limit
 /// now in force. Call once at process start.
 pub fn raise_nofile_limit() -> std::io::Result<u64> {
@@ -174,7 +171,7 @@ pub async fn run(
     // conflation window is closed, so what it held reaches the sessions,
     // which send their queues before they close with 1001.
     for t in app.tenants.all() {
-        source::stopped(&t, SOURCE_STOP_WAIT).await;
+        source::stopped(&t).await;
     }
     for t in app.tenants.all() {
         ingest::flush(&t);

@@ -3,7 +3,8 @@
 //! Owns: the source configuration a tenant chose (`http`, `postgres_outbox`),
 //! starting and stopping the task that reads it, and the health every source
 //! reports (state, last record, lag, errors). Invariants: one source task per
-//! tenant; changing the source stops the old task before the new one starts;
+//! tenant; changing the source ends the old task (asked to stop, aborted
+//! after [`STOP_GRACE`]) before the new one starts, one change at a time;
 //! a change of state (live ↔ stalled) reaches every session of the tenant as
 //! a `status` frame, and a session that connects while the source is stalled
 //! learns it at once — "connected but silent" is always visible.
@@ -18,6 +19,7 @@ use crate::tenant::Tenant;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// What a tenant reads from, as set by `PUT /admin/v1/tenants/{t}/source`.
@@ -119,6 +121,13 @@ pub struct Health {
     pub records: u64,
     pub errors: u64,
     pub last_error: Option<String>,
+    /// Outbox: rows already committed that wait behind a transaction still
+    /// open (part of `lag`; delivered, in order, once it ends).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_back: Option<u64>,
+    /// Outbox: how long the oldest transaction holding rows back has been open.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oldest_open_xact_ms: Option<u64>,
 }
 
 impl Health {
@@ -137,6 +146,8 @@ impl Health {
             records: 0,
             errors: 0,
             last_error: None,
+            held_back: None,
+            oldest_open_xact_ms: None,
         }
     }
 }
@@ -147,6 +158,8 @@ pub struct SourceSlot {
     pub health: Arc<Mutex<Health>>,
     stop: CancellationToken,
     done: Option<tokio::task::JoinHandle<()>>,
+    /// Held for the whole of a change (`start`): one change at a time.
+    turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Default for SourceSlot {
@@ -156,9 +169,15 @@ impl Default for SourceSlot {
             health: Arc::new(Mutex::new(Health::new("http"))),
             stop: CancellationToken::new(),
             done: None,
+            turn: Arc::default(),
         }
     }
 }
+
+/// How long a stopped reader may take to finish what it is doing (a batch
+/// in ingest) before it is aborted. Readers end every wait on their stop
+/// token, so only a reader that does not is ever aborted.
+pub const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// The `status` frame for the tenant's current source state.
 pub fn status_json(h: &Health) -> String {
@@ -236,16 +255,18 @@ pub(crate) async fn keep_reading<E, F>(
     }
 }
 
-/// Starts the tenant's source task (stopping the one before), on the app's tracker.
+/// Starts the tenant's source task on the app's tracker, after the one before
+/// has ended: never two readers for one tenant, even when changes race.
 pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
+    let turn = tenant.source.lock().turn.clone();
+    let _turn = turn.lock().await;
     let (previous, changed) = {
         let mut slot = tenant.source.lock();
         slot.stop.cancel();
         (slot.done.take(), slot.config != config)
     };
     if let Some(task) = previous {
-        // The old reader stops between batches; never two at once.
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), task).await;
+        finish(&tenant.id, task).await;
     }
     if changed {
         // Another source's positions: the old one's marks must not judge them.
@@ -288,6 +309,7 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
         health,
         stop,
         done,
+        turn: turn.clone(),
     };
     if was_stalled {
         let json = status_json(&slot.health.lock());
@@ -296,22 +318,43 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
     }
 }
 
-/// Stops the tenant's source (deletion, shutdown).
-pub fn stop(tenant: &Tenant) {
-    tenant.source.lock().stop.cancel();
+/// Waits for a stopped reader to end; after [`STOP_GRACE`] it is aborted
+/// (dropped at its next await). Either way it has ended when this returns;
+/// only a plugin call it had already handed off the runtime may still finish
+/// (within the plugin's deadline).
+async fn finish(tenant: &str, mut task: tokio::task::JoinHandle<()>) {
+    if tokio::time::timeout(STOP_GRACE, &mut task).await.is_err() {
+        tracing::warn!(tenant = %tenant, "source reader did not stop within {STOP_GRACE:?}; aborting it");
+        task.abort();
+        let _ = task.await;
+    }
 }
 
-/// Waits, up to `within`, for a stopped reader to finish its batch.
-pub async fn stopped(tenant: &Tenant, within: std::time::Duration) {
+/// Stops the tenant's source (deletion); the reader is aborted if it does
+/// not end within [`STOP_GRACE`].
+pub fn stop(tenant: &Tenant) {
     let task = {
         let mut slot = tenant.source.lock();
         slot.stop.cancel();
         slot.done.take()
     };
     if let Some(task) = task {
-        if tokio::time::timeout(within, task).await.is_err() {
-            tracing::warn!(tenant = %tenant.id, "source reader did not stop in time");
-        }
+        let id = tenant.id.to_string();
+        tokio::spawn(async move { finish(&id, task).await });
+    }
+}
+
+/// Stops the tenant's source and waits for the reader to end (shutdown): it
+/// finishes its batch and stores its positions, or is aborted after
+/// [`STOP_GRACE`].
+pub async fn stopped(tenant: &Tenant) {
+    let task = {
+        let mut slot = tenant.source.lock();
+        slot.stop.cancel();
+        slot.done.take()
+    };
+    if let Some(task) = task {
+        finish(&tenant.id, task).await;
     }
 }
 

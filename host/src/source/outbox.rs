@@ -1,18 +1,32 @@
-//! The `postgres_outbox` source: tails a tenant's outbox table by id.
+//! The `postgres_outbox` source: tails a tenant's outbox table in commit order.
 //!
 //! Owns: connecting to the tenant's database, waking on NOTIFY (polling as
-//! the safety net), reading rows above this node's cursor in batches,
-//! handing them to ingest, and storing the cursor in the registry after each
-//! batch. Invariants: rows are delivered in id order and never past a gap
-//! that may still fill (a transaction that took a lower id may not have
-//! committed yet) until the gap has been open for [`GAP_HOLD`] (then it was
-//! a rollback); the stored cursor only moves past published rows, so a
-//! restart neither loses nor repeats rows; any database error marks the
-//! source stalled at once and retries with backoff; a source with lag that
-//! makes no progress for [`STALL_AFTER`] is stalled too.
+//! the safety net), reading rows past this node's cursor in batches, handing
+//! them to ingest, and storing the cursor in the registry after each batch.
+//!
+//! Which rows are final is decided by transaction visibility, never by how
+//! long a gap in ids has been open: ids are taken before commit, so a lower
+//! id can become visible after a higher one. Every row carries the id of the
+//! transaction that inserted it (`xid xid8 DEFAULT pg_current_xact_id()`);
+//! the reader reads only rows whose xid is below the snapshot's xmin (every
+//! transaction that old has ended, so that set of rows never changes), in
+//! `(xid, id)` order, and its cursor is that pair. A transaction that stays
+//! open holds back the rows committed after it: lag in the health
+//! (`held_back`, `oldest_open_xact_ms`), never loss.
+//!
+//! Invariants: the stored cursor only moves past published rows, so a restart
+//! neither loses nor repeats rows; the cursor belongs to one database (the
+//! server's system identifier and the database name) and table; every wait on
+//! the database (connect, query, NOTIFY) ends when the reader is stopped; any
+//! database error marks the source stalled at once and retries with backoff;
+//! lag that makes no progress for [`STALL_AFTER`] is stalled too. Never:
+//! writes to the outbox table.
+
+mod cursor;
 
 use super::{set_state, Health, SourceConfig, SourceState};
 use crate::app::App;
+use crate::fanout::position::SourcePos;
 use crate::ingest;
 use crate::plugin::batch::SourceRecord;
 use crate::registry::now_ms;
@@ -20,16 +34,24 @@ use crate::tenant::Tenant;
 use parking_lot::Mutex;
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::{PgPool, Row};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// How long a gap in ids may stay open before it is taken for a rollback.
-pub const GAP_HOLD: Duration = Duration::from_millis(500);
+use cursor::{Cursor, Legacy, Stored};
+
 /// No progress while lagging for this long means stalled.
 pub const STALL_AFTER: Duration = Duration::from_millis(1500);
 /// The NOTIFY channel the shipped trigger uses.
 pub const NOTIFY_CHANNEL: &str = "herald_outbox";
+/// `check` gives up on a database that has not answered by then.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Rows counted for `lag` and `held_back` at most (a longer backlog shows as this).
+const COUNT_CAP: i64 = 100_000;
+/// First re-check while rows are held back, doubling up to the poll interval:
+/// a rollback sends no NOTIFY, and a short transaction should cost little delay.
+const HOLD_RECHECK: Duration = Duration::from_millis(20);
 
 /// Why an outbox cannot be used; the admin API answers with it.
 #[derive(Debug, thiserror::Error)]
@@ -38,10 +60,24 @@ pub enum OutboxError {
     BadTable(String),
     #[error("cannot connect to the outbox database: {0}")]
     Connect(String),
-    #[error("outbox table {table} is missing or lacks the expected columns (id, channel, key, payload, payload_bytes, headers, created_at): {cause}")]
+    #[error("outbox table {table} is missing or lacks the expected columns (id, channel, key, payload, payload_bytes, headers, created_at, xid): {cause}")]
     Table { table: String, cause: String },
+    #[error("outbox table {table} has no xid column, which Herald needs to tell which rows are final; add it with: {}", add_xid(table))]
+    NoXid { table: String },
+    #[error("outbox table {table} has an xid column of the wrong kind ({found}); it must be `xid8 NOT NULL DEFAULT pg_current_xact_id()`")]
+    BadXid { table: String, found: String },
     #[error("outbox query failed: {0}")]
     Query(String),
+    #[error("the outbox reader was stopped")]
+    Stopped,
+}
+
+fn connect_err(e: sqlx::Error) -> OutboxError {
+    OutboxError::Connect(e.to_string())
+}
+
+fn query_err(e: sqlx::Error) -> OutboxError {
+    OutboxError::Query(e.to_string())
 }
 
 /// `name` or `schema.name`, each `[A-Za-z_][A-Za-z0-9_]*`, quoted for SQL.
@@ -65,37 +101,186 @@ pub fn quoted_table(table: &str) -> Result<String, OutboxError> {
         .join("."))
 }
 
+/// The statements that add the xid column (and the reader's index) to a
+/// table made before it existed, for the operator to run.
+fn add_xid(table: &str) -> String {
+    // As typed when that names the same table (lower case), quoted otherwise.
+    let name = if table.chars().any(|c| c.is_ascii_uppercase()) {
+        quoted_table(table).unwrap_or_else(|_| table.to_string())
+    } else {
+        table.to_string()
+    };
+    let index = format!("{}_xid_id", table.rsplit('.').next().unwrap_or(table)).to_lowercase();
+    format!(
+        "ALTER TABLE {name} ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id(); \
+         CREATE INDEX CONCURRENTLY {index} ON {name} (xid, id);"
+    )
+}
+
 async fn connect(url: &str) -> Result<PgPool, OutboxError> {
     PgPoolOptions::new()
+        // One for NOTIFY, one for queries.
         .max_connections(2)
         // Short: an unreachable database must show as stalled within 2 s.
         .acquire_timeout(Duration::from_millis(800))
         .connect(url)
         .await
-        .map_err(|e| OutboxError::Connect(e.to_string()))
+        .map_err(connect_err)
 }
 
-/// Checks that the database is reachable and the table has the outbox shape.
+/// A pool that is closed when dropped. Closing marks it at once, so a
+/// connection whose query was cancelled is closed rather than pinged (on a
+/// database that does not answer, the ping would hold it open for good).
+struct Db(PgPool);
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        let pool = self.0.clone();
+        drop(pool.close());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(2), pool.close()).await;
+            });
+        }
+    }
+}
+
+/// Checks that the database is reachable and the table has the outbox shape,
+/// the xid column included.
 pub async fn check(url: &str, table: &str) -> Result<(), OutboxError> {
     let quoted = quoted_table(table)?;
-    let pool = tokio::time::timeout(Duration::from_secs(5), connect(url))
-        .await
-        .map_err(|_| OutboxError::Connect("timed out after 5 s".into()))??;
-    let r = sqlx::query(&format!(
+    tokio::time::timeout(CHECK_TIMEOUT, async {
+        let db = Db(connect(url).await?);
+        shape(&db.0, table, &quoted).await
+    })
+    .await
+    .map_err(|_| OutboxError::Connect(format!("timed out after {CHECK_TIMEOUT:?}")))?
+}
+
+async fn shape(pool: &PgPool, table: &str, quoted: &str) -> Result<(), OutboxError> {
+    sqlx::query(&format!(
         "SELECT id, channel, key, payload, payload_bytes, headers, created_at FROM {quoted} WHERE false"
     ))
-    .execute(&pool)
-    .await;
-    pool.close().await;
-    r.map(|_| ()).map_err(|e| OutboxError::Table {
+    .execute(pool)
+    .await
+    .map_err(|e| OutboxError::Table {
         table: table.to_string(),
         cause: e.to_string(),
-    })
+    })?;
+    let xid: Option<(String, bool, Option<String>, bool)> = sqlx::query_as(
+        "SELECT format_type(a.atttypid, a.atttypmod), a.attnotnull, pg_get_expr(d.adbin, d.adrelid), \
+         EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute b ON b.attrelid = i.indrelid AND b.attname = 'id' \
+                 WHERE i.indrelid = a.attrelid AND i.indkey[0] = a.attnum AND i.indkey[1] = b.attnum) \
+         FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
+         WHERE a.attrelid = $1::regclass AND a.attname = 'xid' AND NOT a.attisdropped",
+    )
+    .bind(quoted)
+    .fetch_optional(pool)
+    .await
+    .map_err(query_err)?;
+    match xid {
+        None => Err(OutboxError::NoXid {
+            table: table.to_string(),
+        }),
+        Some((ty, true, Some(default), indexed))
+            if ty == "xid8" && default == "pg_current_xact_id()" =>
+        {
+            if !indexed {
+                tracing::warn!(%table, "outbox table has no index on (xid, id): every read scans it; {}", add_xid(table));
+            }
+            Ok(())
+        }
+        Some((ty, not_null, default, _)) => Err(OutboxError::BadXid {
+            table: table.to_string(),
+            found: format!(
+                "{ty}{}{}",
+                if not_null { " NOT NULL" } else { "" },
+                default.map(|d| format!(" DEFAULT {d}")).unwrap_or_default()
+            ),
+        }),
+    }
+}
+
+/// The reader's statements for one table.
+struct Sql {
+    read: [String; 2],
+    stats: [String; 2],
+    end: String,
+}
+
+impl Sql {
+    fn new(t: &str) -> Sql {
+        // $1 xid and $2 id of the cursor, $3 a limit; while taking over a
+        // bare id also $4 after_id and $5 until_xid.
+        let legacy = |on: bool| {
+            if on {
+                " AND (id > $4 OR xid >= $5::text::xid8)"
+            } else {
+                ""
+            }
+        };
+        let read = |on| {
+            format!(
+                "SELECT id, xid::text AS xid_text, channel, key, COALESCE(payload::text, '') AS payload, payload_bytes, \
+                 headers::text AS headers, (extract(epoch from created_at) * 1000)::bigint AS ts FROM {t} \
+                 WHERE (xid, id) > ($1::text::xid8, $2) AND xid < (SELECT pg_snapshot_xmin(pg_current_snapshot())){} \
+                 ORDER BY xid, id LIMIT $3",
+                legacy(on)
+            )
+        };
+        let stats = |on| {
+            let after = format!("(xid, id) > ($1::text::xid8, $2){}", legacy(on));
+            format!(
+                "WITH h AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS horizon) SELECT \
+                 (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {after} LIMIT $3) p) AS pending, \
+                 (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {after} AND xid >= h.horizon LIMIT $3) q) AS held, \
+                 (SELECT (extract(epoch from clock_timestamp() - a.xact_start) * 1000)::bigint FROM pg_stat_activity a \
+                  WHERE a.backend_xid IS NOT NULL AND a.xact_start IS NOT NULL \
+                  ORDER BY age(a.backend_xid) DESC LIMIT 1) AS oldest_ms FROM h"
+            )
+        };
+        Sql {
+            read: [read(false), read(true)],
+            stats: [stats(false), stats(true)],
+            end: format!(
+                "SELECT xid::text AS xid_text, id FROM {t} WHERE xid < (SELECT pg_snapshot_xmin(pg_current_snapshot())) \
+                 ORDER BY xid DESC, id DESC LIMIT 1"
+            ),
+        }
+    }
+
+    /// `statement` with the cursor (and limit) bound.
+    fn bind<'q>(
+        statement: &'q [String; 2],
+        c: &Cursor,
+        limit: i64,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        let q = sqlx::query(&statement[usize::from(c.legacy.is_some())])
+            .bind(c.xid.to_string())
+            .bind(c.id)
+            .bind(limit);
+        match c.legacy {
+            Some(l) => q.bind(l.after_id).bind(l.until_xid.to_string()),
+            None => q,
+        }
+    }
+}
+
+/// What is left beyond the cursor, as the database sees it now.
+struct Backlog {
+    /// Committed rows not yet delivered (up to [`COUNT_CAP`]).
+    pending: u64,
+    /// Of those, the ones behind a transaction still open.
+    held: u64,
+    /// Age of the oldest open transaction that has written anything, when
+    /// the database shows it to this user.
+    oldest_ms: Option<u64>,
 }
 
 /// One row as read.
 struct OutboxRow {
     id: i64,
+    xid: u64,
     channel: String,
     key: Option<String>,
     value: Vec<u8>,
@@ -143,52 +328,56 @@ impl Reader {
         }
     }
 
-    fn source_key(&self) -> String {
-        format!("outbox:{}", self.table)
-    }
-
     /// Runs until stopped: connect, tail, and on any error mark stalled and retry.
     pub async fn run(self) {
-        super::keep_reading(&self.tenant, &self.health, &self.stop, "outbox", || {
-            self.tail()
+        super::keep_reading(&self.tenant, &self.health, &self.stop, "outbox", || async {
+            match self.tail().await {
+                Err(OutboxError::Stopped) => Ok(()),
+                r => r,
+            }
         })
         .await
     }
 
+    /// `work`, unless the reader is stopped first.
+    async fn or_stop<T>(
+        &self,
+        work: impl Future<Output = Result<T, OutboxError>>,
+    ) -> Result<T, OutboxError> {
+        tokio::select! {
+            biased;
+            _ = self.stop.cancelled() => Err(OutboxError::Stopped),
+            r = work => r,
+        }
+    }
+
     /// One connected session of tailing; returns only on error or stop.
     async fn tail(&self) -> Result<(), OutboxError> {
-        let quoted = quoted_table(&self.table)?;
-        let pool = connect(&self.url).await?;
-        let mut listener = PgListener::connect(&self.url)
-            .await
-            .map_err(|e| OutboxError::Connect(e.to_string()))?;
-        listener
-            .listen(NOTIFY_CHANNEL)
-            .await
-            .map_err(|e| OutboxError::Connect(e.to_string()))?;
-        let mut cursor = self.load_cursor(&pool, &quoted).await?;
-        let select = format!(
-            "SELECT id, channel, key, COALESCE(payload::text, '') AS payload, payload_bytes, headers::text AS headers, \
-             (extract(epoch from created_at) * 1000)::bigint AS ts FROM {quoted} WHERE id > $1 ORDER BY id LIMIT $2"
-        );
-        let max_id = format!("SELECT COALESCE(MAX(id), 0) AS m FROM {quoted}");
-        let mut gap_since: Option<(i64, Instant)> = None;
+        let sql = Sql::new(&quoted_table(&self.table)?);
+        let db = Db(self.or_stop(connect(&self.url)).await?);
+        let pool = &db.0;
+        let mut listener = self
+            .or_stop(async {
+                let mut l = PgListener::connect_with(pool).await.map_err(connect_err)?;
+                l.listen(NOTIFY_CHANNEL).await.map_err(connect_err)?;
+                Ok(l)
+            })
+            .await?;
+        let key = self.or_stop(source_key(pool, &self.table)).await?;
+        let mut cursor = self.or_stop(self.load_cursor(pool, &sql, &key)).await?;
         let mut last_progress = Instant::now();
+        let mut held_since: Option<Instant> = None;
+        let mut recheck = HOLD_RECHECK;
         loop {
-            if self.stop.is_cancelled() {
-                return Ok(());
-            }
-            let rows = sqlx::query(&select)
-                .bind(cursor)
-                .bind(i64::from(self.batch))
-                .fetch_all(&pool)
-                .await
-                .map_err(|e| OutboxError::Query(e.to_string()))?;
-            let head: i64 = sqlx::query(&max_id)
-                .fetch_one(&pool)
-                .await
-                .and_then(|r| r.try_get("m"))
-                .map_err(|e| OutboxError::Query(e.to_string()))?;
+            let rows = self
+                .or_stop(async {
+                    let rows = Sql::bind(&sql.read, &cursor, i64::from(self.batch))
+                        .fetch_all(pool)
+                        .await
+                        .map_err(query_err)?;
+                    rows.iter().map(decode).collect::<Result<Vec<_>, _>>()
+                })
+                .await?;
             // Reachable again: say so before the backlog, so a client learns
             // of the recovery and then sees the messages it missed.
             if self.health.lock().state != SourceState::Live
@@ -196,112 +385,198 @@ impl Reader {
             {
                 set_state(&self.tenant, &self.health, SourceState::Live, None);
             }
-            // Rows up to the first gap that may still fill.
-            let mut ready = Vec::with_capacity(rows.len());
-            let mut expected = cursor + 1;
-            let mut holding = false;
-            for row in &rows {
-                let id: i64 = row
-                    .try_get("id")
-                    .map_err(|e| OutboxError::Query(e.to_string()))?;
-                if id != expected {
-                    match gap_since {
-                        Some((at, since)) if at == expected && since.elapsed() >= GAP_HOLD => {}
-                        Some((at, _)) if at == expected => {
-                            holding = true;
-                            break;
-                        }
-                        _ => {
-                            gap_since = Some((expected, Instant::now()));
-                            holding = true;
-                            break;
-                        }
-                    }
-                }
-                ready.push(decode(row)?);
-                expected = id + 1;
-            }
-            if !ready.is_empty() {
-                cursor = self.deliver(ready).await?;
+            let read = rows.len();
+            if read > 0 {
+                cursor = self.deliver(rows, cursor, &key).await?;
                 last_progress = Instant::now();
+                if read as u32 == self.batch {
+                    // More is waiting: read on, count what is left later.
+                    let mut h = self.health.lock();
+                    h.lag = h.lag.map(|l| l.saturating_sub(read as u64));
+                    continue;
+                }
             }
-            let lag = (head - cursor).max(0) as u64;
-            {
-                let mut h = self.health.lock();
-                h.lag = Some(lag);
-                h.position = Some(cursor.to_string());
-            }
-            self.tenant.metrics.source_lag.set(lag as f64);
-            if lag > 0 && last_progress.elapsed() > STALL_AFTER {
-                set_state(
-                    &self.tenant,
-                    &self.health,
-                    SourceState::Stalled,
-                    Some("lagging without progress".into()),
-                );
+            let backlog = self
+                .or_stop(async {
+                    let r = Sql::bind(&sql.stats, &cursor, COUNT_CAP)
+                        .fetch_one(pool)
+                        .await
+                        .map_err(query_err)?;
+                    let count = |c: &str| r.try_get::<i64, _>(c).map(|n| n.max(0) as u64);
+                    Ok(Backlog {
+                        pending: count("pending").map_err(query_err)?,
+                        held: count("held").map_err(query_err)?,
+                        oldest_ms: r
+                            .try_get::<Option<i64>, _>("oldest_ms")
+                            .map_err(query_err)?
+                            .map(|m| m.max(0) as u64),
+                    })
+                })
+                .await?;
+            self.report(&backlog, &cursor, last_progress, &mut held_since);
+            // While rows are held back, look again soon (a rollback sends no
+            // NOTIFY), less often the longer the transaction stays open.
+            let wait = if backlog.held > 0 {
+                let w = recheck.min(self.poll);
+                recheck = (recheck * 2).min(self.poll);
+                w
             } else {
-                set_state(&self.tenant, &self.health, SourceState::Live, None);
-            }
-            // A full batch means more is waiting; a held gap is re-checked soon.
-            if rows.len() as u32 == self.batch && !holding {
-                continue;
-            }
-            let wait = if holding {
-                Duration::from_millis(50)
-            } else {
+                recheck = HOLD_RECHECK;
                 self.poll
             };
             tokio::select! {
                 _ = self.stop.cancelled() => return Ok(()),
                 n = listener.recv() => {
-                    n.map_err(|e| OutboxError::Connect(e.to_string()))?;
+                    n.map_err(connect_err)?;
                 }
                 _ = tokio::time::sleep(wait) => {}
             }
         }
     }
 
-    /// The stored cursor, or the table's current end on first start (a new
-    /// source starts at the latest row, like a Kafka consumer at "latest").
-    async fn load_cursor(&self, pool: &PgPool, quoted: &str) -> Result<i64, OutboxError> {
-        let node = &self.app.config.node_id;
-        let stored = self
-            .app
-            .registry
-            .cursor(&self.tenant.id, node, &self.source_key())
-            .await
-            .map_err(|e| OutboxError::Query(format!("reading the cursor: {e}")))?;
-        if let Some(p) = stored.and_then(|s| s.parse::<i64>().ok()) {
-            return Ok(p);
+    /// Health and metrics from the backlog; lag that does not move is a stall.
+    fn report(
+        &self,
+        backlog: &Backlog,
+        cursor: &Cursor,
+        last_progress: Instant,
+        held_since: &mut Option<Instant>,
+    ) {
+        // The database's figure when it shows one, else how long this reader
+        // has seen rows held (less than the truth, never more).
+        let oldest = if backlog.held > 0 {
+            let seen = held_since.get_or_insert_with(Instant::now).elapsed();
+            Some(backlog.oldest_ms.unwrap_or(0).max(seen.as_millis() as u64))
+        } else {
+            *held_since = None;
+            None
+        };
+        let stalled = {
+            let mut h = self.health.lock();
+            h.lag = Some(backlog.pending);
+            h.held_back = Some(backlog.held);
+            h.oldest_open_xact_ms = oldest;
+            h.position = Some(cursor.shown());
+            h.state == SourceState::Stalled
+        };
+        self.tenant.metrics.source_lag.set(backlog.pending as f64);
+        if backlog.pending > 0 && last_progress.elapsed() > STALL_AFTER {
+            let why = match oldest {
+                Some(ms) => format!(
+                    "{} committed rows held back behind a transaction open for {ms} ms",
+                    backlog.held
+                ),
+                None => "lagging without progress".to_string(),
+            };
+            // The reason is recorded once per stall, not once per look.
+            let why = (!stalled).then_some(why);
+            set_state(&self.tenant, &self.health, SourceState::Stalled, why);
+        } else {
+            set_state(&self.tenant, &self.health, SourceState::Live, None);
         }
-        let end: i64 = sqlx::query(&format!("SELECT COALESCE(MAX(id), 0) AS m FROM {quoted}"))
-            .fetch_one(pool)
-            .await
-            .and_then(|r| r.try_get("m"))
-            .map_err(|e| OutboxError::Table {
-                table: self.table.clone(),
-                cause: e.to_string(),
-            })?;
-        self.store_cursor(end).await?;
-        Ok(end)
     }
 
-    async fn store_cursor(&self, cursor: i64) -> Result<(), OutboxError> {
+    /// The stored cursor for this database and table; a cursor an older
+    /// Herald kept under the table name alone is taken over once (and marked
+    /// moved, so another database with that table name does not take it
+    /// too); with none, the end of what is final now (a new source starts at
+    /// the latest row, like a Kafka consumer at "latest").
+    async fn load_cursor(
+        &self,
+        pool: &PgPool,
+        sql: &Sql,
+        key: &str,
+    ) -> Result<Cursor, OutboxError> {
+        let registry_err = |e| OutboxError::Query(format!("reading the cursor: {e}"));
+        let (tenant, node) = (&self.tenant.id, &self.app.config.node_id);
+        let old_key = format!("outbox:{}", self.table);
+        let mut taken_over = false;
+        let mut stored = self
+            .app
+            .registry
+            .cursor(tenant, node, key)
+            .await
+            .map_err(registry_err)?
+            .as_deref()
+            .and_then(Cursor::parse);
+        if stored.is_none() {
+            stored = self
+                .app
+                .registry
+                .cursor(tenant, node, &old_key)
+                .await
+                .map_err(registry_err)?
+                .as_deref()
+                .and_then(Cursor::parse);
+            taken_over = stored.is_some();
+        }
+        let cursor = match stored {
+            Some(Stored::Current(c)) => c,
+            Some(Stored::BareId(after_id)) => {
+                // Every row an older Herald delivered was committed before
+                // now, so its transaction is below this snapshot's xmax.
+                let until: String =
+                    sqlx::query_scalar("SELECT pg_snapshot_xmax(pg_current_snapshot())::text")
+                        .fetch_one(pool)
+                        .await
+                        .map_err(query_err)?;
+                Cursor {
+                    legacy: Some(Legacy {
+                        after_id,
+                        until_xid: parse_xid(&until)?,
+                    }),
+                    ..Cursor::START
+                }
+            }
+            None => match sqlx::query(&sql.end)
+                .fetch_optional(pool)
+                .await
+                .map_err(query_err)?
+            {
+                Some(r) => Cursor {
+                    xid: parse_xid(&r.try_get::<String, _>("xid_text").map_err(query_err)?)?,
+                    id: r.try_get("id").map_err(query_err)?,
+                    legacy: None,
+                },
+                None => Cursor::START,
+            },
+        };
+        self.store_cursor(key, &cursor).await?;
+        if taken_over {
+            self.app
+                .registry
+                .put_cursor(tenant, node, &old_key, &format!("moved to {key}"))
+                .await
+                .map_err(|e| OutboxError::Query(format!("storing the cursor: {e}")))?;
+        }
+        Ok(cursor)
+    }
+
+    async fn store_cursor(&self, key: &str, cursor: &Cursor) -> Result<(), OutboxError> {
         self.app
             .registry
             .put_cursor(
                 &self.tenant.id,
                 &self.app.config.node_id,
-                &self.source_key(),
-                &cursor.to_string(),
+                key,
+                &cursor.encode(),
             )
             .await
             .map_err(|e| OutboxError::Query(format!("storing the cursor: {e}")))
     }
 
     /// Publishes a batch through ingest, then stores the cursor past it.
-    async fn deliver(&self, rows: Vec<OutboxRow>) -> Result<i64, OutboxError> {
-        let last = rows.last().map_or(0, |r| r.id);
+    /// Not cut short by a stop: a batch handed to ingest is finished.
+    async fn deliver(
+        &self,
+        rows: Vec<OutboxRow>,
+        cursor: Cursor,
+        key: &str,
+    ) -> Result<Cursor, OutboxError> {
+        let (first, last) = match (rows.first(), rows.last()) {
+            (Some(f), Some(l)) => (f.id, cursor.past(l.xid, l.id)),
+            _ => return Ok(cursor),
+        };
         let n = rows.len() as u64;
         let tenant = self.tenant.clone();
         let run = move || {
@@ -309,9 +584,9 @@ impl Reader {
                 .iter()
                 .map(|r| SourceRecord {
                     timestamp_ms: r.ts_ms.max(0) as u64,
-                    position: Some(crate::fanout::position::SourcePos {
+                    position: Some(SourcePos {
                         stream: 0,
-                        order: (0, r.id as u64),
+                        order: (r.xid, r.id as u64),
                         number: r.id as u64,
                     }),
                     key: r.key.as_deref().map(str::as_bytes),
@@ -326,25 +601,56 @@ impl Reader {
         // A failed transform dead-letters the batch (counted in ingest); the
         // source moves on rather than retrying the same rows forever.
         if let Err(e) = result {
-            tracing::warn!(tenant = %self.tenant.id, kind = e.kind(), first = last - n as i64 + 1, last, "outbox batch dead-lettered");
+            tracing::warn!(tenant = %self.tenant.id, kind = e.kind(), first, last = last.id, "outbox batch dead-lettered");
         }
         self.tenant.metrics.source_records.increment(n);
-        self.store_cursor(last).await?;
+        self.store_cursor(key, &last).await?;
         {
             let mut h = self.health.lock();
             h.records += n;
             h.last_record_ms = Some(now_ms() as u64);
-            h.position = Some(last.to_string());
+            h.position = Some(last.shown());
         }
         Ok(last)
     }
 }
 
+/// The registry key of this node's cursor: the database (the server's system
+/// identifier, which replicas share, and the database name) and the table.
+/// Credentials and host names are not part of it: the same database reached
+/// another way keeps its cursor.
+async fn source_key(pool: &PgPool, table: &str) -> Result<String, OutboxError> {
+    let r = sqlx::query(
+        "SELECT (SELECT system_identifier::text FROM pg_control_system()) AS system, current_database() AS db",
+    )
+    .fetch_one(pool)
+    .await;
+    let r = match r {
+        Ok(r) => r,
+        // pg_control_system() may be withheld from the user: the server's
+        // address then stands for the server.
+        Err(_) => sqlx::query(
+            "SELECT COALESCE(host(inet_server_addr()), 'local') || ':' || current_setting('port') AS system, \
+             current_database() AS db",
+        )
+        .fetch_one(pool)
+        .await
+        .map_err(query_err)?,
+    };
+    let system: String = r.try_get("system").map_err(query_err)?;
+    let db: String = r.try_get("db").map_err(query_err)?;
+    Ok(format!("outbox:{system}/{db}/{table}"))
+}
+
+fn parse_xid(s: &str) -> Result<u64, OutboxError> {
+    s.parse()
+        .map_err(|_| OutboxError::Query(format!("not a transaction id: {s:?}")))
+}
+
 fn decode(row: &sqlx::postgres::PgRow) -> Result<OutboxRow, OutboxError> {
-    let q = |e: sqlx::Error| OutboxError::Query(e.to_string());
-    let payload: String = row.try_get("payload").map_err(q)?;
-    let bytes: Option<Vec<u8>> = row.try_get("payload_bytes").map_err(q)?;
-    let headers: Option<String> = row.try_get("headers").map_err(q)?;
+    let payload: String = row.try_get("payload").map_err(query_err)?;
+    let bytes: Option<Vec<u8>> = row.try_get("payload_bytes").map_err(query_err)?;
+    let headers: Option<String> = row.try_get("headers").map_err(query_err)?;
     let headers = headers
         .and_then(|h| serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&h).ok())
         .map(|m| {
@@ -360,12 +666,13 @@ fn decode(row: &sqlx::postgres::PgRow) -> Result<OutboxRow, OutboxError> {
         })
         .unwrap_or_default();
     Ok(OutboxRow {
-        id: row.try_get("id").map_err(q)?,
-        channel: row.try_get("channel").map_err(q)?,
-        key: row.try_get("key").map_err(q)?,
+        id: row.try_get("id").map_err(query_err)?,
+        xid: parse_xid(&row.try_get::<String, _>("xid_text").map_err(query_err)?)?,
+        channel: row.try_get("channel").map_err(query_err)?,
+        key: row.try_get("key").map_err(query_err)?,
         value: bytes.unwrap_or_else(|| payload.into_bytes()),
         headers,
-        ts_ms: row.try_get("ts").map_err(q)?,
+        ts_ms: row.try_get("ts").map_err(query_err)?,
     })
 }
 
@@ -383,5 +690,21 @@ mod tests {
         for bad in ["", "a.b.c", "1abc", "x; DROP TABLE y", "a-b", "\"q\""] {
             assert!(quoted_table(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_missing_column_error_names_the_statement_to_run() {
+        let e = OutboxError::NoXid {
+            table: "app.Outbox".into(),
+        }
+        .to_string();
+        assert!(
+            e.contains("ALTER TABLE \"app\".\"Outbox\" ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id();"),
+            "{e}"
+        );
+        assert!(
+            e.contains("CREATE INDEX CONCURRENTLY outbox_xid_id ON \"app\".\"Outbox\" (xid, id);"),
+            "{e}"
+        );
     }
 }

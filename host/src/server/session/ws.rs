@@ -202,7 +202,9 @@ impl WsSession {
         } else {
             // Going away waits for the backlog: `on_ready` ends it once sent.
             match self.handle.close_reason() {
-                Some(reason) if reason != QueueClose::GoingAway => Err(queue_end(reason, policy.as_str())),
+                Some(reason) if reason != QueueClose::GoingAway => {
+                    Err(queue_end(reason, policy.as_str()))
+                }
                 _ => Ok(()),
             }
         }

@@ -1,0 +1,131 @@
+//! The outbox reader's cursor: where a node is in one outbox table, and how
+//! it is stored in the registry.
+//!
+//! Invariants: a cursor `(xid, id)` means every final row up to it in
+//! `(xid, id)` order was delivered; `encode` and `parse` round-trip; a bare id
+//! (what older Herald versions stored) is recognised, never mistaken for a
+//! current cursor.
+
+/// Where this node is in the outbox: every final row up to `(xid, id)` in
+/// `(xid, id)` order has been delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Cursor {
+    pub(super) xid: u64,
+    pub(super) id: i64,
+    pub(super) legacy: Option<Legacy>,
+}
+
+/// A cursor taken over from an older Herald, which stored a bare id: rows of
+/// transactions that began before the take-over (xid below `until_xid`) were
+/// delivered up to `after_id` in id order; later transactions are all new.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Legacy {
+    pub(super) after_id: i64,
+    pub(super) until_xid: u64,
+}
+
+/// A cursor as stored in the registry.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Stored {
+    Current(Cursor),
+    /// What an older Herald stored: the last id it delivered.
+    BareId(i64),
+}
+
+impl Cursor {
+    /// Before any row (real xids start at 3).
+    pub(super) const START: Cursor = Cursor {
+        xid: 0,
+        id: 0,
+        legacy: None,
+    };
+
+    /// `xid:id`, `xid:id:after_id:until_xid` (taking over) or a bare id
+    /// (an older Herald); anything else is no cursor.
+    pub(super) fn parse(s: &str) -> Option<Stored> {
+        if let Ok(id) = s.parse() {
+            return Some(Stored::BareId(id));
+        }
+        let p: Vec<&str> = s.split(':').collect();
+        let (xid, id) = (p.first()?.parse().ok()?, p.get(1)?.parse().ok()?);
+        let legacy = match p.len() {
+            2 => None,
+            4 => Some(Legacy {
+                after_id: p[2].parse().ok()?,
+                until_xid: p[3].parse().ok()?,
+            }),
+            _ => return None,
+        };
+        Some(Stored::Current(Cursor { xid, id, legacy }))
+    }
+
+    pub(super) fn encode(&self) -> String {
+        match self.legacy {
+            None => self.shown(),
+            Some(l) => format!("{}:{}:{}:{}", self.xid, self.id, l.after_id, l.until_xid),
+        }
+    }
+
+    /// `xid:id`, as the health shows it.
+    pub(super) fn shown(&self) -> String {
+        format!("{}:{}", self.xid, self.id)
+    }
+
+    /// The cursor after delivering row `(xid, id)`; the take-over ends once
+    /// the rows come from transactions that began after it.
+    pub(super) fn past(self, xid: u64, id: i64) -> Cursor {
+        Cursor {
+            xid,
+            id,
+            legacy: self.legacy.filter(|l| xid < l.until_xid),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_old_ones_are_recognised() {
+        let c = Cursor {
+            xid: 812,
+            id: 41,
+            legacy: None,
+        };
+        assert_eq!(c.encode(), "812:41");
+        assert_eq!(Cursor::parse("812:41"), Some(Stored::Current(c)));
+        let taking_over = Cursor {
+            legacy: Some(Legacy {
+                after_id: 40,
+                until_xid: 900,
+            }),
+            ..c
+        };
+        assert_eq!(taking_over.encode(), "812:41:40:900");
+        assert_eq!(taking_over.shown(), "812:41");
+        assert_eq!(
+            Cursor::parse(&taking_over.encode()),
+            Some(Stored::Current(taking_over))
+        );
+        assert_eq!(Cursor::parse("41"), Some(Stored::BareId(41)));
+        for junk in ["", "moved to outbox:1/db/t", "1:2:3", "a:b", "1:2:3:4:5"] {
+            assert_eq!(Cursor::parse(junk), None, "{junk}");
+        }
+    }
+
+    #[test]
+    fn a_take_over_ends_with_the_first_newer_transaction() {
+        let c = Cursor {
+            legacy: Some(Legacy {
+                after_id: 40,
+                until_xid: 900,
+            }),
+            ..Cursor::START
+        };
+        let older = c.past(899, 41);
+        assert_eq!(older.legacy, c.legacy);
+        let newer = older.past(900, 42);
+        assert_eq!((newer.xid, newer.id, newer.legacy), (900, 42, None));
+    }
+}
