@@ -10,11 +10,15 @@
 //!   cluster works) reach a subscriber; figures: rows delivered per second and
 //!   insert-to-client latency percentiles.
 //!
-//! One in-process WebSocket subscriber counts deliveries; loopback only;
-//! every Herald is stopped by its guard.
+//! One in-process WebSocket subscriber counts deliveries and checks them
+//! ([`Order`]): every record carries its number, and a run fails on a frame
+//! that is repeated or out of order, or on a missing one that the server's
+//! slow-consumer policy did not count. Loopback only; every Herald is stopped
+//! by its guard.
 
 use crate::client::now_nanos;
 use crate::hist::Histogram;
+use crate::http::HttpConn;
 use crate::opts::CommonArgs;
 use crate::report;
 use crate::target::{Target, TENANT};
@@ -63,18 +67,137 @@ pub struct IngestArgs {
     pub duration_secs: f64,
 }
 
-/// A WebSocket subscriber counting `msg` frames and their latency from `t`.
+/// A WebSocket subscriber counting `msg` frames, their latency from `t` and
+/// their order.
 struct Subscriber {
     count: Arc<AtomicU64>,
     hist: Arc<SharedHist>,
+    order: Arc<std::sync::Mutex<Order>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// What one subscriber received of numbered records, checked frame by frame.
+/// Record `n` (its payload's `"n"`) belongs to stream `n % streams` (a Kafka
+/// partition; the outbox is one stream), in which numbers must only increase;
+/// no number may come twice; the channel's `seq` must only increase, and a
+/// frame whose `prev` is not the last `seq` is a visible gap.
+#[derive(Debug)]
+struct Order {
+    streams: u64,
+    last_n: Vec<Option<u64>>,
+    /// One bit per number seen.
+    seen: Vec<u64>,
+    last_seq: u64,
+    distinct: u64,
+    gaps: u64,
+    problems: u64,
+    first_problem: Option<String>,
+}
+
+impl Order {
+    fn new(streams: u64) -> Order {
+        Order {
+            streams,
+            last_n: vec![None; streams as usize],
+            seen: Vec::new(),
+            last_seq: 0,
+            distinct: 0,
+            gaps: 0,
+            problems: 0,
+            first_problem: None,
+        }
+    }
+
+    fn problem(&mut self, what: String) {
+        self.problems += 1;
+        self.first_problem.get_or_insert(what);
+    }
+
+    /// Checks one `msg` frame.
+    fn see(&mut self, frame: &[u8]) {
+        let (Some(seq), Some(prev), Some(n)) = (
+            find_u64(frame, "seq"),
+            find_u64(frame, "prev"),
+            find_u64(frame, "n"),
+        ) else {
+            return self.problem(format!(
+                "a frame without seq, prev or n: {}",
+                String::from_utf8_lossy(frame)
+            ));
+        };
+        if seq <= self.last_seq {
+            self.problem(format!("seq {seq} after seq {}", self.last_seq));
+        }
+        if prev != self.last_seq {
+            self.gaps += 1;
+        }
+        self.last_seq = self.last_seq.max(seq);
+        let (word, bit) = ((n / 64) as usize, 1u64 << (n % 64));
+        if word >= self.seen.len() {
+            self.seen.resize(word + 1, 0);
+        }
+        if self.seen[word] & bit != 0 {
+            return self.problem(format!("record {n} repeated (seq {seq})"));
+        }
+        self.seen[word] |= bit;
+        self.distinct += 1;
+        let last = &mut self.last_n[(n % self.streams) as usize];
+        match *last {
+            Some(l) if n < l => {
+                let stream = n % self.streams;
+                self.problem(format!(
+                    "record {n} after record {l} of its stream {stream} (seq {seq})"
+                ))
+            }
+            _ => *last = Some(n),
+        }
+    }
+
+    /// `Ok` with a summary when every frame came once and in order, and the
+    /// records of the `expected` that never came are no more than the
+    /// slow-consumer policy counted (`explained`) and visible as gaps.
+    fn verdict(&self, expected: u64, explained: u64) -> Result<String, String> {
+        if let Some(p) = &self.first_problem {
+            return Err(format!("{} bad frame(s), the first: {p}", self.problems));
+        }
+        if self.distinct > expected {
+            return Err(format!(
+                "{} distinct records arrived, only {expected} were sent",
+                self.distinct
+            ));
+        }
+        let missing = expected - self.distinct;
+        if missing > explained {
+            return Err(format!(
+                "{} of {expected} records lost: {missing} never arrived, the slow-consumer policy counted {explained}",
+                missing - explained
+            ));
+        }
+        if missing > 0 && self.gaps == 0 {
+            return Err(format!(
+                "{missing} records never arrived and no frame showed a gap"
+            ));
+        }
+        Ok(format!(
+            "order: {} of {} records arrived once each and in order; {missing} conflated or dropped by the slow-consumer policy ({explained} counted), {} gap(s) shown",
+            r_fmt(self.distinct),
+            r_fmt(expected),
+            self.gaps
+        ))
+    }
 }
 
 /// The subscriber's histogram, shared with the scenario that reports it.
 #[derive(Default)]
 struct SharedHist(std::sync::Mutex<Histogram>);
 
-async fn subscribe(addr: SocketAddr, tenant: &str, channel: &str) -> anyhow::Result<Subscriber> {
+/// Subscribes to `channel`; its records are numbered over `streams` streams.
+async fn subscribe(
+    addr: SocketAddr,
+    tenant: &str,
+    channel: &str,
+    streams: u64,
+) -> anyhow::Result<Subscriber> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     let req = format!(
         "GET /v1/t/{tenant}/ws HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -109,7 +232,8 @@ async fn subscribe(addr: SocketAddr, tenant: &str, channel: &str) -> anyhow::Res
     .await?;
     let count = Arc::new(AtomicU64::new(0));
     let hist = Arc::new(SharedHist::default());
-    let (c, h) = (count.clone(), hist.clone());
+    let order = Arc::new(std::sync::Mutex::new(Order::new(streams)));
+    let (c, h, o) = (count.clone(), hist.clone(), order.clone());
     let task = tokio::spawn(async move {
         let mut local = Histogram::default();
         loop {
@@ -118,9 +242,10 @@ async fn subscribe(addr: SocketAddr, tenant: &str, channel: &str) -> anyhow::Res
                     Ok(Some(head)) => {
                         let payload = &buf[head.payload_start..head.frame_len()];
                         if head.opcode == OpCode::Text && payload.starts_with(br#"{"op":"msg""#) {
-                            if let Some(t) = find_t(payload) {
+                            if let Some(t) = find_u64(payload, "t") {
                                 local.record(now_nanos().saturating_sub(t) / 1000);
                             }
+                            o.lock().expect("order lock").see(payload);
                             c.fetch_add(1, Ordering::Relaxed);
                         }
                         let used = head.frame_len();
@@ -148,12 +273,18 @@ async fn subscribe(addr: SocketAddr, tenant: &str, channel: &str) -> anyhow::Res
                 .merge(&std::mem::take(&mut local));
         }
     });
-    Ok(Subscriber { count, hist, task })
+    Ok(Subscriber {
+        count,
+        hist,
+        order,
+        task,
+    })
 }
 
-/// The `"t":<nanos>` inside a payload, without parsing the whole frame.
-fn find_t(frame: &[u8]) -> Option<u64> {
-    let i = frame.windows(4).position(|w| w == br#""t":"#)? + 4;
+/// The first `"<key>":<integer>` in a frame, without parsing the whole frame.
+fn find_u64(frame: &[u8], key: &str) -> Option<u64> {
+    let pat = format!("\"{key}\":");
+    let i = frame.windows(pat.len()).position(|w| w == pat.as_bytes())? + pat.len();
     let digits: Vec<u8> = frame[i..]
         .iter()
         .copied()
@@ -162,6 +293,21 @@ fn find_t(frame: &[u8]) -> Option<u64> {
         .take_while(u8::is_ascii_digit)
         .collect();
     std::str::from_utf8(&digits).ok()?.parse().ok()
+}
+
+/// Messages the bench tenant's slow-consumer policy conflated or dropped: the
+/// only frames a subscriber may miss.
+async fn slow_consumer_removals(t: &Target) -> anyhow::Result<u64> {
+    let r = HttpConn::new(t.addr)
+        .request("GET", "/metrics", None, b"")
+        .await?;
+    let label = format!("tenant=\"{TENANT}\"");
+    Ok(r.text()
+        .lines()
+        .filter(|l| l.starts_with("herald_slow_consumer_total{") && l.contains(&label))
+        .filter(|l| l.contains("action=\"conflated\"") || l.contains("action=\"dropped\""))
+        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+        .sum::<f64>() as u64)
 }
 
 /// Sets the bench tenant's ingest source.
@@ -177,7 +323,12 @@ struct KafkaRun {
     wall_secs: f64,
     server_cpu: f64,
     delivered: u64,
+    /// The subscriber's order check, passed.
+    order: String,
 }
+
+/// Partitions of the topic; record `n` is produced to partition `n % PARTITIONS`.
+const PARTITIONS: i32 = 4;
 
 async fn kafka_run(
     a: &IngestArgs,
@@ -188,7 +339,7 @@ async fn kafka_run(
     if let Some(p) = plugin {
         target.install_plugin(p).await?;
     }
-    let sub = subscribe(target.addr, TENANT, "c").await?;
+    let sub = subscribe(target.addr, TENANT, "c", PARTITIONS as u64).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let source = serde_json::json!({"kind":"kafka","brokers":brokers,"topics":["ingest"],"start":"earliest"});
     let cpu0 = target.cpu_secs()?;
@@ -217,24 +368,38 @@ async fn kafka_run(
     };
     let wall_secs = t0.elapsed().as_secs_f64();
     let server_cpu = target.cpu_secs()? - cpu0;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Everything is published once the source has read it: what the policy
+    // removed is final, and the subscriber has the rest to read.
+    let explained = slow_consumer_removals(&target).await?;
+    let until = Instant::now() + Duration::from_secs(10);
+    while sub.count.load(Ordering::Relaxed) + explained < records && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let delivered = sub.count.load(Ordering::Relaxed);
     sub.task.abort();
+    let order = sub
+        .order
+        .lock()
+        .expect("order lock")
+        .verdict(records, explained);
+    let order = order.map_err(|e| anyhow::anyhow!("kafka ingest: {e}"))?;
     Ok(KafkaRun {
         records,
         wall_secs,
         server_cpu,
         delivered,
+        order,
     })
 }
 
 async fn kafka(a: &IngestArgs) -> anyhow::Result<()> {
     let cluster = MockCluster::new(1).context("starting the mock Kafka cluster")?;
-    cluster.create_topic("ingest", 4, 1)?;
+    cluster.create_topic("ingest", PARTITIONS, 1)?;
     let brokers = cluster.bootstrap_servers();
     let records = if a.common.smoke { 2_000 } else { a.records };
     println!(
-        "ingest kafka: producing {records} records of ~100 B to a mock cluster (4 partitions)"
+        "ingest kafka: producing {records} records of ~100 B to a mock cluster ({PARTITIONS} partitions)"
     );
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &brokers)
@@ -246,7 +411,7 @@ async fn kafka(a: &IngestArgs) -> anyhow::Result<()> {
     let mut pending = Vec::with_capacity(10_000);
     for i in 0..records {
         let payload = format!(
-            r#"{{"sym":"{}","px":{}.5,"t":{},"pad":"xxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}"#,
+            r#"{{"sym":"{}","px":{}.5,"n":{i},"t":{},"pad":"xxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}"#,
             SYMS[(i % 5) as usize],
             100 + i % 50,
             now_nanos()
@@ -256,6 +421,7 @@ async fn kafka(a: &IngestArgs) -> anyhow::Result<()> {
             value: Some("c"),
         });
         let rec = FutureRecord::<(), _>::to("ingest")
+            .partition((i % PARTITIONS as u64) as i32)
             .payload(&payload)
             .headers(headers);
         pending.push(producer.send_result(rec).map_err(|(e, _)| e)?);
@@ -285,6 +451,7 @@ async fn kafka(a: &IngestArgs) -> anyhow::Result<()> {
         report::verdict(Some(rate(&with)), 200_000.0, false),
         with.delivered
     );
+    println!("  {}", with.order);
     let mut line = serde_json::json!({
         "scenario": "ingest", "source": "kafka", "smoke": a.common.smoke, "commit": report::git_commit(), "date": report::utc_now(),
         "records": with.records, "plugin": a.plugin.as_ref().map(|p| p.display().to_string()),
@@ -328,7 +495,7 @@ async fn outbox(a: &IngestArgs) -> anyhow::Result<()> {
     )
     .await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let sub = subscribe(target.addr, TENANT, "o").await?;
+    let sub = subscribe(target.addr, TENANT, "o", 1).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (rate, secs) = if a.common.smoke {
         (1_000, 1.0)
@@ -337,8 +504,9 @@ async fn outbox(a: &IngestArgs) -> anyhow::Result<()> {
     };
     println!("ingest outbox: inserting {rate} rows/s for {secs} s into {table}");
     let per_tick = (rate / 100).max(1);
+    // Rows are numbered 1, 2, 3… in insert (and id) order.
     let insert = format!(
-        "INSERT INTO {table} (channel, payload) SELECT 'o', jsonb_build_object('t', $1::bigint, 'i', g, 'pad', 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx') FROM generate_series(1, $2) g"
+        "INSERT INTO {table} (channel, payload) SELECT 'o', jsonb_build_object('t', $1::bigint, 'n', $3::bigint + g, 'pad', 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx') FROM generate_series(1, $2) g"
     );
     let cpu0 = target.cpu_secs()?;
     let t0 = Instant::now();
@@ -349,20 +517,33 @@ async fn outbox(a: &IngestArgs) -> anyhow::Result<()> {
         sqlx::query(&insert)
             .bind(now_nanos() as i64)
             .bind(per_tick as i64)
+            .bind(inserted as i64)
             .execute(&pool)
             .await?;
         inserted += per_tick;
     }
     let insert_secs = t0.elapsed().as_secs_f64();
     let until = Instant::now() + Duration::from_secs(15);
-    while sub.count.load(Ordering::Relaxed) < inserted && Instant::now() < until {
+    let mut explained = slow_consumer_removals(&target).await?;
+    let mut polls = 0u32;
+    while sub.count.load(Ordering::Relaxed) + explained < inserted && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(20)).await;
+        polls += 1;
+        if polls.is_multiple_of(10) {
+            explained = slow_consumer_removals(&target).await?;
+        }
     }
     let done_secs = t0.elapsed().as_secs_f64();
     let server_cpu = target.cpu_secs()? - cpu0;
-    let delivered = sub.count.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(100)).await;
+    let delivered = sub.count.load(Ordering::Relaxed);
     sub.task.abort();
+    let explained = slow_consumer_removals(&target).await?;
+    let order = sub
+        .order
+        .lock()
+        .expect("order lock")
+        .verdict(inserted, explained);
     let h = sub.hist.0.lock().expect("histogram lock").clone();
     let ms = |p: f64| h.percentile(p).map(|us| us as f64 / 1000.0);
     let throughput = delivered as f64 / done_secs;
@@ -385,12 +566,8 @@ async fn outbox(a: &IngestArgs) -> anyhow::Result<()> {
     sqlx::raw_sql(&format!("DROP TABLE {table}"))
         .execute(&pool)
         .await?;
-    if delivered < inserted {
-        bail!(
-            "{} of {inserted} rows were not delivered",
-            inserted - delivered
-        );
-    }
+    let order = order.map_err(|e| anyhow::anyhow!("outbox ingest: {e}"))?;
+    println!("  {order}");
     a.common.record(serde_json::json!({
         "scenario": "ingest", "source": "outbox", "smoke": a.common.smoke, "commit": report::git_commit(), "date": report::utc_now(),
         "rate": rate, "inserted": inserted, "delivered": delivered, "rows_per_sec": throughput,
@@ -403,5 +580,70 @@ pub async fn run(a: IngestArgs) -> anyhow::Result<()> {
     match a.source {
         Source::Kafka => kafka(&a).await,
         Source::Outbox => outbox(&a).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `(seq, prev, n)` frames to a fresh check over `streams` streams.
+    fn order(streams: u64, frames: &[(u64, u64, u64)]) -> Order {
+        let mut o = Order::new(streams);
+        for (seq, prev, n) in frames {
+            let f = format!(
+                r#"{{"op":"msg","ch":"c","seq":{seq},"prev":{prev},"data":{{"sym":"A","n": {n},"t":7}}}}"#
+            );
+            o.see(f.as_bytes());
+        }
+        o
+    }
+
+    #[test]
+    fn streams_may_interleave_but_each_keeps_its_order() {
+        // Two partitions: records 0, 2, 4 on stream 0; 1, 3, 5 on stream 1.
+        let o = order(
+            2,
+            &[
+                (1, 0, 1),
+                (2, 1, 0),
+                (3, 2, 3),
+                (4, 3, 2),
+                (5, 4, 4),
+                (6, 5, 5),
+            ],
+        );
+        assert!(o.verdict(6, 0).unwrap().contains("6 of 6 records"));
+        let o = order(2, &[(1, 0, 0), (2, 1, 2), (3, 2, 1), (4, 3, 0)]);
+        let e = o.verdict(4, 0).unwrap_err();
+        assert!(e.contains("record 0 repeated"), "{e}");
+        let o = order(2, &[(1, 0, 2), (2, 1, 0), (3, 2, 1), (4, 3, 3)]);
+        let e = o.verdict(4, 0).unwrap_err();
+        assert!(e.contains("record 0 after record 2 of its stream 0"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_record_needs_a_counted_and_visible_reason() {
+        // Record 2 of 1..=4 (seq 2) never came; the frame after it shows the gap.
+        let gap = [(1, 0, 1), (3, 2, 3), (4, 3, 4)];
+        assert!(order(1, &gap).verdict(4, 1).is_ok());
+        let e = order(1, &gap).verdict(4, 0).unwrap_err();
+        assert!(e.contains("1 of 4 records lost"), "{e}");
+        // Missing with every prev matching: silent, whatever was counted.
+        let silent = [(1, 0, 1), (3, 1, 3), (4, 3, 4)];
+        let e = order(1, &silent).verdict(4, 1).unwrap_err();
+        assert!(e.contains("no frame showed a gap"), "{e}");
+        // The channel's seq must increase.
+        let e = order(1, &[(2, 0, 1), (1, 2, 2)]).verdict(2, 0).unwrap_err();
+        assert!(e.contains("seq 1 after seq 2"), "{e}");
+        let e = order(1, &[(1, 0, 1)]).verdict(0, 0).unwrap_err();
+        assert!(e.contains("only 0 were sent"), "{e}");
+    }
+
+    #[test]
+    fn numbers_are_found_with_or_without_a_space() {
+        assert_eq!(find_u64(br#"{"seq":12,"data":{"n": 5}}"#, "n"), Some(5));
+        assert_eq!(find_u64(br#"{"seq":12}"#, "seq"), Some(12));
+        assert_eq!(find_u64(br#"{"seq":12}"#, "prev"), None);
     }
 }

@@ -153,18 +153,20 @@ fn measure_transform(p: &ActivePlugin, batch: usize, secs: f64) -> anyhow::Resul
         })
         .collect();
     // Warm-up, and a check that the plugin did the work.
-    let out = p.transform(&records, 65_536)?;
-    if out.len() != batch || out.iter().any(|m| m.channel != "ticks") {
+    let t = p.transform(&records, 65_536)?;
+    let out = t.outputs;
+    if out.len() != batch || !t.refused.is_empty() || out.iter().any(|m| m.channel != "ticks") {
         bail!(
-            "{} returned {} messages for {batch} ticks (or renamed their channel)",
+            "{} returned {} messages for {batch} ticks, refused {} (or renamed their channel)",
             p.info.name,
-            out.len()
+            out.len(),
+            t.refused.len()
         );
     }
     let until = Instant::now() + Duration::from_secs_f64(secs);
     let (mut msgs, start) = (0usize, Instant::now());
     while Instant::now() < until {
-        msgs += p.transform(&records, 65_536)?.len();
+        msgs += p.transform(&records, 65_536)?.outputs.len();
     }
     let plugin_ns = start.elapsed().as_nanos() as f64 / msgs as f64;
     let until = Instant::now() + Duration::from_secs_f64(secs / 2.0);

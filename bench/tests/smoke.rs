@@ -25,7 +25,8 @@ fn plugins() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/target/wasm32-wasip2/release")
 }
 
-fn smoke(args: &[&str]) {
+/// Runs one scenario at smoke scale; returns what it printed.
+fn smoke(args: &[&str]) -> String {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let herald = herald();
     assert!(
@@ -62,6 +63,18 @@ fn smoke(args: &[&str]) {
         args.join(" ")
     );
     eprintln!("{text}");
+    text
+}
+
+/// An ingest run fails (non-zero exit) on a repeated, out-of-order or lost
+/// record; it must also have said that its check ran.
+fn ingest_checked(args: &[&str]) {
+    let text = smoke(args);
+    assert!(
+        text.contains("arrived once each and in order"),
+        "bench {} did not report its order check:\n{text}",
+        args.join(" ")
+    );
 }
 
 #[test]
@@ -142,7 +155,7 @@ fn plugin_costs() {
 #[test]
 fn kafka_ingest() {
     let p = plugins().join("ticker_conflate.wasm");
-    smoke(&[
+    ingest_checked(&[
         "ingest",
         "--source",
         "kafka",
@@ -161,5 +174,5 @@ fn outbox_ingest() {
         eprintln!("HERALD_TEST_POSTGRES_URL is not set; skipping the outbox smoke run");
         return;
     }
-    smoke(&["ingest", "--source", "outbox"]);
+    ingest_checked(&["ingest", "--source", "outbox"]);
 }

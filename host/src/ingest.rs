@@ -159,7 +159,17 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
     let plugin = tenant.plugin().filter(|p| p.info.hooks.transform);
     let outputs = match &plugin {
         Some(p) => match p.transform(records, settings.limits.max_message_bytes) {
-            Ok(outputs) => Some(outputs),
+            Ok(t) => {
+                // Records whose outputs broke the contract fail alone.
+                if let Some(first) = t.refused.first() {
+                    tenant
+                        .metrics
+                        .dead_letter("bad_output", t.refused.len() as u64);
+                    let position = records.get(first.source as usize).and_then(|r| r.position);
+                    tracing::warn!(tenant = %tenant.id, version = p.version, records = t.refused.len(), first = first.source, ?position, reason = %first.reason, "transform output broke the contract; those records dead-lettered");
+                }
+                Some(t.outputs)
+            }
             Err(e) => {
                 tenant.metrics.dead_letter(e.kind(), records.len() as u64);
                 tracing::warn!(tenant = %tenant.id, version = p.version, kind = e.kind(), error = %e, records = records.len(), "transform failed; batch dead-lettered");

@@ -7,7 +7,7 @@
 //! mark is recycled after its call; a hot swap replaces the whole
 //! `ActivePlugin`, so calls in flight finish on the version they started on.
 
-use super::batch::{self, Outputs, SourceRecord};
+use super::batch::{self, SourceRecord, Transformed};
 use super::{
     classify, deadline_ticks, ConnectRequest, Denial, Plugin, PluginError, PluginInfo, PluginPre,
     Runtime, SandboxLimits, Session, StoreState, LOGS_PER_CALL,
@@ -145,12 +145,14 @@ impl ActivePlugin {
         })
     }
 
-    /// One call for the whole batch; the output is checked against the contract.
+    /// One call for the whole batch; the output is checked against the
+    /// contract. An output of broken structure fails the call; records whose
+    /// outputs break it otherwise come back refused, beside the rest.
     pub fn transform(
         &self,
         records: &[SourceRecord<'_>],
         max_payload: usize,
-    ) -> Result<Outputs, PluginError> {
+    ) -> Result<Transformed, PluginError> {
         let (data, meta) = batch::encode_records(records);
         let b = super::herald::plugin::types::RecordBatch { data, meta };
         let out = self.call(|s, p| p.herald_plugin_guest().call_transform(s, &b))?;

@@ -1,9 +1,14 @@
 //! The flat batch encoding of `transform`, host side, without I/O.
 //!
 //! Owns: packing source records into one buffer plus lengths, and checking
-//! what a plugin returns. Invariant: output that breaks the contract (lengths
-//! past the data, bytes left over, a bad channel name, an oversized payload,
-//! a source index out of range) is refused whole, never partly used.
+//! what a plugin returns. Invariants: output whose structure is broken
+//! (lengths past the data, bytes left over, a source index out of range) is
+//! refused whole, since nothing in it can be trusted; a well-formed output
+//! whose content breaks the contract (a bad channel name, a bad key or
+//! audience length, text that is not UTF-8, an oversized payload) costs only
+//! the record it came from: all of that record's outputs are dropped together
+//! and the record is reported as refused, the rest of the batch goes on.
+//! Checking costs no allocation per message.
 
 use crate::proto;
 
@@ -84,7 +89,6 @@ struct Spans {
 }
 
 /// A plugin's checked output: its buffer and where each message lies in it.
-/// Checking costs no allocation per message.
 #[derive(Debug, Default)]
 pub struct Outputs {
     data: Vec<u8>,
@@ -116,20 +120,40 @@ impl Outputs {
     }
 }
 
+/// A source record whose outputs broke the contract: none of them is in
+/// [`Transformed::outputs`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Index of the source record.
+    pub source: u32,
+    /// The first breach found among its outputs.
+    pub reason: String,
+}
+
+/// What a checked `transform` call gave back: the messages to publish and
+/// the records refused (each once, in record order).
+#[derive(Debug, Default)]
+pub struct Transformed {
+    pub outputs: Outputs,
+    pub refused: Vec<Refusal>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("plugin output breaks the contract: {0}")]
 pub struct BadOutput(pub String);
 
 const NONE: u32 = u32::MAX;
 
-/// Checks `herald:plugin/types.outgoing-batch` whole: lengths within the data
-/// and using all of it, channel names, UTF-8, sizes, source indexes.
+/// Checks `herald:plugin/types.outgoing-batch`: its structure whole (lengths
+/// within the data and using all of it, source indexes), then each message's
+/// content (channel name, key and audience lengths, UTF-8, payload size),
+/// refusing the records whose messages break it.
 pub fn decode_outgoing(
     data: Vec<u8>,
     meta: &[u32],
     records: usize,
     max_payload: usize,
-) -> Result<Outputs, BadOutput> {
+) -> Result<Transformed, BadOutput> {
     if !meta.len().is_multiple_of(5) {
         return Err(BadOutput(format!(
             "meta has {} entries, not a multiple of 5",
@@ -153,48 +177,20 @@ pub fn decode_outgoing(
         pos = end;
         Ok(span)
     };
-    let text = |(a, b): (u32, u32), what: &str, i: usize| -> Result<&str, BadOutput> {
-        std::str::from_utf8(&data[a as usize..b as usize])
-            .map_err(|_| BadOutput(format!("message {i}: {what} is not UTF-8")))
-    };
     let mut spans = Vec::with_capacity(meta.len() / 5);
+    // One bit per source record, allocated at the first refusal.
+    let mut refused_bits: Vec<u64> = Vec::new();
+    let mut refused = Vec::new();
     for (i, m) in meta.chunks_exact(5).enumerate() {
         let channel = take(m[0], "channel", i)?;
-        let name = text(channel, "channel", i)?;
-        proto::validate_channel(name)
-            .map_err(|e| BadOutput(format!("message {i}: channel {name:?}: {e}")))?;
         let payload = take(m[1], "payload", i)?;
-        if (payload.1 - payload.0) as usize > max_payload {
-            return Err(BadOutput(format!(
-                "message {i}: payload of {} bytes exceeds {max_payload}",
-                payload.1 - payload.0
-            )));
-        }
         let key = match m[2] {
             NONE => None,
-            n if n == 0 || n > 128 => {
-                return Err(BadOutput(format!(
-                    "message {i}: conflation key must be 1-128 bytes"
-                )))
-            }
-            n => {
-                let k = take(n, "key", i)?;
-                text(k, "key", i)?;
-                Some(k)
-            }
+            n => Some(take(n, "key", i)?),
         };
         let audience = match m[3] {
             NONE => None,
-            n if n == 0 || n > 64 => {
-                return Err(BadOutput(format!(
-                    "message {i}: audience must be 1-64 bytes"
-                )))
-            }
-            n => {
-                let a = take(n, "audience", i)?;
-                text(a, "audience", i)?;
-                Some(a)
-            }
+            n => Some(take(n, "audience", i)?),
         };
         if m[4] as usize >= records {
             return Err(BadOutput(format!(
@@ -202,13 +198,27 @@ pub fn decode_outgoing(
                 m[4]
             )));
         }
-        spans.push(Spans {
+        let s = Spans {
             channel,
             payload,
             key,
             audience,
             source: m[4],
-        });
+        };
+        if let Err(reason) = check_content(&data, &s, i, max_payload) {
+            if refused_bits.is_empty() {
+                refused_bits = vec![0; records.div_ceil(64)];
+            }
+            let (word, bit) = (s.source as usize / 64, 1u64 << (s.source % 64));
+            if refused_bits[word] & bit == 0 {
+                refused_bits[word] |= bit;
+                refused.push(Refusal {
+                    source: s.source,
+                    reason,
+                });
+            }
+        }
+        spans.push(s);
     }
     if pos as usize != data.len() {
         return Err(BadOutput(format!(
@@ -216,7 +226,47 @@ pub fn decode_outgoing(
             data.len() - pos as usize
         )));
     }
-    Ok(Outputs { data, spans })
+    if !refused.is_empty() {
+        // A record's outputs go together or not at all: an earlier, good
+        // output of a refused record is dropped too.
+        spans.retain(|s| refused_bits[s.source as usize / 64] & (1u64 << (s.source % 64)) == 0);
+        refused.sort_unstable_by_key(|r| r.source);
+    }
+    Ok(Transformed {
+        outputs: Outputs { data, spans },
+        refused,
+    })
+}
+
+/// The content rules of one well-formed message; the error (allocated only
+/// for a breach) is the reason its record is refused.
+fn check_content(data: &[u8], s: &Spans, i: usize, max_payload: usize) -> Result<(), String> {
+    let text = |(a, b): (u32, u32), what: &str| -> Result<&str, String> {
+        std::str::from_utf8(&data[a as usize..b as usize])
+            .map_err(|_| format!("message {i}: {what} is not UTF-8"))
+    };
+    let len = |(a, b): (u32, u32)| (b - a) as usize;
+    let name = text(s.channel, "channel")?;
+    proto::validate_channel(name).map_err(|e| format!("message {i}: channel {name:?}: {e}"))?;
+    if len(s.payload) > max_payload {
+        return Err(format!(
+            "message {i}: payload of {} bytes exceeds {max_payload}",
+            len(s.payload)
+        ));
+    }
+    if let Some(k) = s.key {
+        if !(1..=128).contains(&len(k)) {
+            return Err(format!("message {i}: conflation key must be 1-128 bytes"));
+        }
+        text(k, "key")?;
+    }
+    if let Some(a) = s.audience {
+        if !(1..=64).contains(&len(a)) {
+            return Err(format!("message {i}: audience must be 1-64 bytes"));
+        }
+        text(a, "audience")?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -286,42 +336,162 @@ mod tests {
             ("a", b"{}", Some("K"), None, 0),
             ("b", b"1", None, Some("pro"), 1),
         ]);
-        let out = decode_outgoing(d, &m, 2, 100).unwrap();
-        let v: Vec<_> = out.iter().collect();
+        let t = decode_outgoing(d, &m, 2, 100).unwrap();
+        assert!(t.refused.is_empty());
+        let v: Vec<_> = t.outputs.iter().collect();
         assert_eq!(
             (v[0].channel, v[0].payload, v[0].key),
             ("a", &b"{}"[..], Some("K"))
         );
         assert_eq!((v[1].audience, v[1].source), (Some("pro"), 1));
-        assert!(decode_outgoing(Vec::new(), &[], 0, 100).unwrap().is_empty());
+        let empty = decode_outgoing(Vec::new(), &[], 0, 100).unwrap();
+        assert!(empty.outputs.is_empty() && empty.refused.is_empty());
+    }
+
+    /// (channel, source) of what survived, and the refused source indexes.
+    fn survivors(t: &Transformed) -> (Vec<(&str, u32)>, Vec<u32>) {
+        (
+            t.outputs.iter().map(|o| (o.channel, o.source)).collect(),
+            t.refused.iter().map(|r| r.source).collect(),
+        )
     }
 
     #[test]
-    fn bad_output_is_refused_whole() {
+    fn one_bad_record_fails_alone() {
+        // Record 1 has a good output before its bad one, and another after a
+        // message of record 2: all three of its outputs go, nothing else does.
+        let (d, m) = enc(&[
+            ("a", b"0", None, None, 0),
+            ("b", b"1", None, None, 1),
+            ("bad name", b"1", None, None, 1),
+            ("c", b"2", None, None, 2),
+            ("b2", b"1", None, None, 1),
+            ("d", b"3", None, None, 3),
+        ]);
+        let t = decode_outgoing(d, &m, 4, 100).expect("one bad record must not refuse the batch");
+        assert_eq!(survivors(&t), (vec![("a", 0), ("c", 2), ("d", 3)], vec![1]));
         assert!(
-            decode_outgoing(b"short".to_vec(), &[3, 1_000_000, NONE, NONE, 0], 1, 100).is_err()
+            t.refused[0]
+                .reason
+                .contains("message 2: channel \"bad name\""),
+            "{:?}",
+            t.refused
         );
-        let (d, m) = enc(&[("bad name", b"{}", None, None, 0)]);
-        assert!(decode_outgoing(d.clone(), &m, 1, 100)
-            .unwrap_err()
-            .0
-            .contains("channel"));
-        let (d, m) = enc(&[("a", &[b'x'; 200], None, None, 0)]);
-        assert!(decode_outgoing(d.clone(), &m, 1, 100)
-            .unwrap_err()
-            .0
-            .contains("exceeds"));
-        let (d, m) = enc(&[("a", b"{}", None, None, 3)]);
-        assert!(decode_outgoing(d.clone(), &m, 1, 100)
-            .unwrap_err()
-            .0
-            .contains("source index"));
-        let (mut d, m) = enc(&[("a", b"{}", None, None, 0)]);
+    }
+
+    #[test]
+    fn each_per_record_breach_refuses_its_record_only() {
+        let long_key = "k".repeat(129);
+        let long_audience = "a".repeat(65);
+        let big = [b'x'; 101];
+        let cases: [(Msg<'_>, &str); 9] = [
+            (("bad name", b"{}", None, None, 1), "channel \"bad name\""),
+            (("", b"{}", None, None, 1), "channel \"\""),
+            (
+                ("a", &big, None, None, 1),
+                "payload of 101 bytes exceeds 100",
+            ),
+            (
+                ("a", b"{}", Some(""), None, 1),
+                "conflation key must be 1-128 bytes",
+            ),
+            (
+                ("a", b"{}", Some(&long_key), None, 1),
+                "conflation key must be 1-128 bytes",
+            ),
+            (
+                ("a", b"{}", None, Some(""), 1),
+                "audience must be 1-64 bytes",
+            ),
+            (
+                ("a", b"{}", None, Some(&long_audience), 1),
+                "audience must be 1-64 bytes",
+            ),
+            (("a", b"{}", Some("k"), Some("pro"), 1), ""),
+            (("a", b"", None, None, 1), ""),
+        ];
+        for (bad, want) in cases {
+            let (d, m) = enc(&[
+                ("ok", b"0", None, None, 0),
+                bad,
+                ("ok", b"2", None, None, 2),
+            ]);
+            let t = decode_outgoing(d, &m, 3, 100).unwrap();
+            if want.is_empty() {
+                // The limits themselves are allowed (control cases).
+                assert_eq!(survivors(&t).1, Vec::<u32>::new(), "{bad:?}");
+                continue;
+            }
+            assert_eq!(
+                survivors(&t),
+                (vec![("ok", 0), ("ok", 2)], vec![1]),
+                "{want}"
+            );
+            assert!(t.refused[0].reason.contains(want), "{:?}", t.refused);
+        }
+        // Text that is not UTF-8, in each text field.
+        let not_utf8: [(&[u8], [u32; 5]); 3] = [
+            (b"\xff{}", [1, 2, NONE, NONE, 1]),
+            (b"c{}\xff", [1, 2, 1, NONE, 1]),
+            (b"c{}\xff", [1, 2, NONE, 1, 1]),
+        ];
+        for (field, (bytes, spans)) in not_utf8.into_iter().enumerate() {
+            let (mut d, mut m) = enc(&[("ok", b"0", None, None, 0)]);
+            d.extend_from_slice(bytes);
+            m.extend_from_slice(&spans);
+            let t = decode_outgoing(d, &m, 2, 100).unwrap();
+            assert_eq!(survivors(&t), (vec![("ok", 0)], vec![1]), "field {field}");
+            assert!(t.refused[0].reason.contains("not UTF-8"), "{:?}", t.refused);
+        }
+    }
+
+    #[test]
+    fn many_bad_records_are_each_refused_once() {
+        let msgs: Vec<Msg<'_>> = (0..200u32)
+            .flat_map(|i| {
+                let ch = if i % 3 == 0 { "bad name" } else { "ok" };
+                [
+                    (ch, &b"{}"[..], None, None, i),
+                    (ch, &b"{}"[..], None, None, i),
+                ]
+            })
+            .collect();
+        let (d, m) = enc(&msgs);
+        let t = decode_outgoing(d, &m, 200, 100).unwrap();
+        let (kept, refused) = survivors(&t);
+        assert_eq!(refused, (0..200).filter(|i| i % 3 == 0).collect::<Vec<_>>());
+        assert_eq!(kept.len(), 2 * (200 - refused.len()));
+        assert!(kept.iter().all(|&(_, s)| s % 3 != 0));
+    }
+
+    #[test]
+    fn structural_breakage_is_refused_whole() {
+        // Each case also carries a good record and a content breach: a broken
+        // structure refuses everything, whatever else is in the output.
+        let good: Msg<'_> = ("a", b"{}", None, None, 0);
+        let breach: Msg<'_> = ("bad name", b"{}", None, None, 0);
+        let err = |d: Vec<u8>, m: &[u32]| decode_outgoing(d, m, 1, 100).unwrap_err().0;
+
+        let (mut d, mut m) = enc(&[good, breach]);
+        d.extend_from_slice(b"short");
+        m.extend_from_slice(&[3, 1_000_000, NONE, NONE, 0]);
+        assert!(err(d, &m).contains("payload length 1000000 runs past the data"));
+
+        let (mut d, mut m) = enc(&[good, breach]);
+        d.extend_from_slice(b"ab");
+        m.extend_from_slice(&[1, 1, 500, NONE, 0]);
+        assert!(err(d, &m).contains("key length 500 runs past the data"));
+
+        let (d, m) = enc(&[good, ("a", b"{}", None, None, 3), breach]);
+        assert!(err(d, &m).contains("source index 3 out of range"));
+
+        let (mut d, m) = enc(&[good, breach]);
         d.push(0);
-        assert!(decode_outgoing(d.clone(), &m, 1, 100)
-            .unwrap_err()
-            .0
-            .contains("left over"));
-        assert!(decode_outgoing(Vec::new(), &[1, 2, 3], 1, 100).is_err());
+        assert!(err(d, &m).contains("1 bytes of data left over"));
+
+        let (d, mut m) = enc(&[good, breach]);
+        m.push(1);
+        assert!(err(d, &m).contains("not a multiple of 5"));
+        assert!(err(b"short".to_vec(), &[3, 1_000_000, NONE, NONE, 0]).contains("runs past"));
     }
 }

@@ -21,14 +21,17 @@ async fn tenant_and_global_connection_limits_answer_immediately() {
     let mut opts = HostOptions::new();
     opts.config.max_connections = Some(3);
     let h = spawn_with(opts).await;
-    h.tenant(json!({"id":"small","access":"public","limits":{"max_connections":2}}))
+    h.tenant(json!({"id":"conn-small","access":"public","limits":{"max_connections":2}}))
         .await;
-    h.public_tenant("big").await;
-    let _a = h.ws("small").await;
-    let _b = h.ws("small").await;
+    h.public_tenant("conn-big").await;
+    let refused =
+        "herald_connections_refused_total{tenant=\"conn-small\",reason=\"tenant_connections\"}";
+    let refused_before = h.metric(refused).await;
+    let _a = h.ws("conn-small").await;
+    let _b = h.ws("conn-small").await;
     let t = Instant::now();
     let (status, retry) = http_status(
-        tokio_tungstenite::connect_async(h.ws_url("small"))
+        tokio_tungstenite::connect_async(h.ws_url("conn-small"))
             .await
             .unwrap_err(),
     );
@@ -40,26 +43,34 @@ async fn tenant_and_global_connection_limits_answer_immediately() {
     assert_eq!(status, 503);
     let retry: u64 = retry.expect("Retry-After").parse().unwrap();
     assert!((1..=5).contains(&retry));
-    assert_eq!(h.sse("small", "ch=a", None).await.status, 503);
+    assert_eq!(h.sse("conn-small", "ch=a", None).await.status, 503);
     // The global cap (3) also holds across tenants.
-    let _c = h.ws("big").await;
+    let _c = h.ws("conn-big").await;
     let (status, _) = http_status(
-        tokio_tungstenite::connect_async(h.ws_url("big"))
+        tokio_tungstenite::connect_async(h.ws_url("conn-big"))
             .await
             .unwrap_err(),
     );
     assert_eq!(status, 503);
-    assert!(
-        h.metric(
-            "herald_connections_refused_total{tenant=\"small\",reason=\"tenant_connections\"}"
-        )
-        .await
-            >= 2.0
+    assert_eq!(
+        h.metric(refused).await - refused_before,
+        2.0,
+        "the WebSocket and the SSE refusal"
     );
-    // Freed slots are reusable.
+    // Freed slots are reusable: once the server has let go of the closed
+    // connection (the tenant's gauge shows one left), a new one is admitted.
     drop(_a);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let _d = h.ws("small").await;
+    let open = "herald_connections{tenant=\"conn-small\"}";
+    let deadline = Instant::now() + WAIT;
+    while h.metric(open).await != 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the closed connection still holds its slot after {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _d = h.ws("conn-small").await;
+    assert_eq!(h.metric(open).await, 2.0);
     h.stop().await;
 }
 
@@ -67,9 +78,9 @@ async fn tenant_and_global_connection_limits_answer_immediately() {
 async fn subscription_limit_and_publish_rate() {
     let h = spawn_host().await;
     let key = h
-        .tenant(json!({"id":"t","access":"public","limits":{"max_subscriptions":2,"publish_rate":1.0,"publish_burst":3}}))
+        .tenant(json!({"id":"sub-rate","access":"public","limits":{"max_subscriptions":2,"publish_rate":1.0,"publish_burst":3}}))
         .await;
-    let mut ws = h.ws("t").await;
+    let mut ws = h.ws("sub-rate").await;
     ws.sub("a", 1).await;
     ws.sub("b", 2).await;
     ws.sub("a", 3).await; // already subscribed: still fine
@@ -81,13 +92,15 @@ async fn subscription_limit_and_publish_rate() {
     );
     for _ in 0..3 {
         assert_eq!(
-            h.publish("t", &key, json!({"ch":"a","data":1})).await.0,
+            h.publish("sub-rate", &key, json!({"ch":"a","data":1}))
+                .await
+                .0,
             200
         );
     }
     let r = h
         .http
-        .post(h.url("/v1/t/t/publish"))
+        .post(h.url("/v1/t/sub-rate/publish"))
         .bearer_auth(&key)
         .json(&json!({"ch":"a","data":1}))
         .send()

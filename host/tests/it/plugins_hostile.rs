@@ -1,28 +1,35 @@
 //! Hostile fixtures: each fails with its exact, named error; the host keeps
-//! serving, the failed instance is replaced, other tenants never notice.
+//! serving, the failed instance is replaced, other tenants never notice. A
+//! record whose output breaks the contract fails alone, not its batch.
 
 use crate::helpers::*;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 async fn hostile(fixture: &str, kind: &str) {
     let h = spawn_host().await;
-    let ok_key = h.public_tenant("ok").await;
-    let mut healthy = h.ws("ok").await;
+    // Tenants of this test's own: the metrics recorder is shared by every
+    // test of the binary.
+    let (ok, bad) = (format!("ok-{kind}"), format!("hostile-{kind}"));
+    let ok_key = h.public_tenant(&ok).await;
+    let mut healthy = h.ws(&ok).await;
     healthy.sub("c", 1).await;
     let limits = json!({"plugin_deadline_ms": 50, "plugin_memory_bytes": 16 << 20});
     let key = h
-        .tenant(json!({"id":"bad","access":"public","limits":limits}))
+        .tenant(json!({"id":bad,"access":"public","limits":limits}))
         .await;
-    let (s, v) = h.upload_plugin("bad", plugin_wasm(fixture)).await;
+    let dead_letters =
+        format!("herald_plugin_dead_letters_total{{tenant=\"{bad}\",kind=\"{kind}\"}}");
+    let dead_before = h.metric(&dead_letters).await;
+    let (s, v) = h.upload_plugin(&bad, plugin_wasm(fixture)).await;
     assert_eq!(s, 201, "describe works, so upload validates: {v}");
-    h.activate("bad", v["version"].as_i64().unwrap()).await;
+    h.activate(&bad, v["version"].as_i64().unwrap()).await;
 
     for round in 1..=2u64 {
         // transform fails: the batch is dead-lettered with its kind.
         let t = Instant::now();
         let (s, v) = h
-            .publish("bad", &key, json!({"ch":"c","data":{"v":1}}))
+            .publish(&bad, &key, json!({"ch":"c","data":{"v":1}}))
             .await;
         assert_eq!(s, 502, "{v}");
         assert_eq!(v["error"]["code"], "transform_failed");
@@ -39,7 +46,7 @@ async fn hostile(fixture: &str, kind: &str) {
             t.elapsed()
         );
         // The healthy tenant keeps receiving, in order.
-        h.publish("ok", &ok_key, json!({"ch":"c","data":round}))
+        h.publish(&ok, &ok_key, json!({"ch":"c","data":round}))
             .await;
         let m = healthy.next().await;
         assert_eq!(
@@ -47,28 +54,23 @@ async fn hostile(fixture: &str, kind: &str) {
             (Some(round), Some(round))
         );
     }
-    let dead = h
-        .metric(&format!(
-            "herald_plugin_dead_letters_total{{tenant=\"bad\",kind=\"{kind}\"}}"
-        ))
-        .await;
-    assert_eq!(dead, 2.0);
+    assert_eq!(h.metric(&dead_letters).await - dead_before, 2.0);
 
     // authorize-connect fails closed (the fixture implements it) with a reason code.
     if fixture != "fixture_bad_output" {
         let r = h
             .admin(
                 reqwest::Method::PATCH,
-                "/admin/v1/tenants/bad",
+                &format!("/admin/v1/tenants/{bad}"),
                 Some(json!({"access":"plugin"})),
             )
             .await;
         assert_eq!(r.0, 200);
-        let (s, v) = h.ws_with("bad", "").await.err().unwrap();
+        let (s, v) = h.ws_with(&bad, "").await.err().unwrap();
         assert_eq!(s, 503, "{v}");
         assert_eq!(v["error"]["code"], format!("plugin_{kind}"));
     }
-    h.publish("ok", &ok_key, json!({"ch":"c","data":3})).await;
+    h.publish(&ok, &ok_key, json!({"ch":"c","data":3})).await;
     assert_eq!(healthy.next().await["seq"], 3);
     h.stop().await;
 }
@@ -91,4 +93,91 @@ async fn panic_traps() {
 #[tokio::test]
 async fn bad_output_is_rejected() {
     hostile("fixture_bad_output", "bad_output").await;
+}
+
+/// One batch of ten through a component that breaks the contract for four of
+/// them (a forbidden channel beside a good output, an empty conflation key, an
+/// audience too long): those four are dead-lettered, the six others delivered
+/// in order, and the next batch is untouched.
+#[tokio::test]
+async fn bad_records_fail_alone_not_their_batch() {
+    let h = spawn_host().await;
+    let tenant = "bad-records";
+    let key = h.public_tenant(tenant).await;
+    h.install_plugin(tenant, "fixture_bad_records").await;
+    let dead_letters =
+        format!("herald_plugin_dead_letters_total{{tenant=\"{tenant}\",kind=\"bad_output\"}}");
+    let before = h.metric(&dead_letters).await;
+    let mut ws = h.ws(tenant).await;
+    ws.sub("c", 1).await;
+    ws.sub("side", 2).await;
+    let bad = |n: u64| -> Option<Value> {
+        match n {
+            3 | 7 => Some(json!({"n":n,"also":"no spaces"})),
+            5 => Some(json!({"n":n,"key":""})),
+            8 => Some(json!({"n":n,"audience":"a".repeat(65)})),
+            _ => None,
+        }
+    };
+    let items: Vec<Value> = (0..10u64)
+        .map(|n| {
+            // Record 1 fans out to a second, valid channel: it stays whole.
+            let data = bad(n).unwrap_or_else(|| match n {
+                1 => json!({"n":n,"also":"side"}),
+                _ => json!({"n":n}),
+            });
+            json!({"ch":"c","data":data})
+        })
+        .collect();
+    let (s, v) = h.publish(tenant, &key, Value::Array(items)).await;
+    assert_eq!(s, 200, "the batch goes on: {v}");
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(
+        results.len(),
+        7,
+        "six records to c, one of them also to side: {v}"
+    );
+
+    let good: Vec<u64> = (0..10).filter(|&n| bad(n).is_none()).collect();
+    let mut got = Vec::new();
+    let mut side = Vec::new();
+    let mut last = 0;
+    while got.len() < good.len() {
+        let m = ws.next().await;
+        assert_eq!(m["op"], "msg", "{m}");
+        if m["ch"] == "side" {
+            side.push(m["data"]["n"].as_u64().unwrap());
+            continue;
+        }
+        assert_eq!(m["prev"].as_u64(), Some(last), "no gap among the good: {m}");
+        last = m["seq"].as_u64().unwrap();
+        got.push(m["data"]["n"].as_u64().unwrap());
+    }
+    assert_eq!(got, good);
+    if side.is_empty() {
+        side.push(
+            next_op(&mut ws, "msg", WAIT).await["data"]["n"]
+                .as_u64()
+                .unwrap(),
+        );
+    }
+    assert_eq!(side, vec![1]);
+    assert_eq!(
+        h.metric(&dead_letters).await - before,
+        4.0,
+        "each bad record counted once"
+    );
+
+    // The next batch is not affected, and nothing of the bad records arrives late.
+    let (s, v) = h
+        .publish(tenant, &key, json!({"ch":"c","data":{"n":10}}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let m = ws.next().await;
+    assert_eq!(
+        (m["data"]["n"].as_u64(), m["prev"].as_u64()),
+        (Some(10), Some(last)),
+        "{m}"
+    );
+    h.stop().await;
 }

@@ -59,15 +59,25 @@ async fn healthy_gets_everything(healthy: &mut Ws, started: Instant) {
     );
 }
 
-async fn setup(policy: &str) -> (Host, String, Ws, Ws) {
+/// A host with `tenant` (of the calling test's own: the metrics recorder is
+/// shared by every test of the binary), a stalled and a healthy subscriber.
+async fn setup(tenant: &str, policy: &str) -> (Host, String, Ws, Ws) {
     let h = spawn_host().await;
     let key = h
-        .tenant(json!({"id":"t","access":"public","limits":{"queue_bytes":131072,"max_message_bytes":8192,"slow_consumer":policy}}))
+        .tenant(json!({"id":tenant,"access":"public","limits":{"queue_bytes":131072,"max_message_bytes":8192,"slow_consumer":policy}}))
         .await;
-    let slow = stalled_subscriber(&h, "t").await;
-    let mut healthy = h.ws("t").await;
+    let slow = stalled_subscriber(&h, tenant).await;
+    let mut healthy = h.ws(tenant).await;
     healthy.sub("c", 1).await;
     (h, key, slow, healthy)
+}
+
+/// The tenant's count of what its slow-consumer policy did (`action`).
+async fn slow_count(h: &Host, tenant: &str, action: &str) -> f64 {
+    h.metric(&format!(
+        "herald_slow_consumer_total{{tenant=\"{tenant}\",action=\"{action}\"}}"
+    ))
+    .await
 }
 
 /// Reads what the slow client finally gets: (seqs seen, gaps seen).
@@ -95,17 +105,19 @@ async fn drain(ws: &mut Ws) -> (Vec<u64>, usize) {
 
 #[tokio::test]
 async fn disconnect_policy_closes_the_slow_reader_only() {
-    let (h, key, mut slow, mut healthy) = setup("disconnect").await;
+    let t = "slow-disconnect";
+    let (h, key, mut slow, mut healthy) = setup(t, "disconnect").await;
+    let before = slow_count(&h, t, "disconnected").await;
     let started = Instant::now();
     // The healthy client reads while the flood goes on.
     tokio::join!(
-        flood(&h, "t", &key, false),
+        flood(&h, t, &key, false),
         healthy_gets_everything(&mut healthy, started)
     );
-    assert!(
-        h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"disconnected\"}")
-            .await
-            >= 1.0
+    assert_eq!(
+        slow_count(&h, t, "disconnected").await - before,
+        1.0,
+        "the slow reader, and only it, was disconnected"
     );
     // The slow reader's stream ends (its close frame may not fit in a full socket).
     let mut ended = false;
@@ -132,19 +144,23 @@ async fn disconnect_policy_closes_the_slow_reader_only() {
 
 #[tokio::test]
 async fn drop_oldest_policy_drops_and_shows_gaps() {
-    let (h, key, mut slow, mut healthy) = setup("drop-oldest").await;
+    let t = "slow-drop-oldest";
+    let (h, key, mut slow, mut healthy) = setup(t, "drop-oldest").await;
+    let before = slow_count(&h, t, "dropped").await;
     let started = Instant::now();
     // The healthy client reads while the flood goes on.
     tokio::join!(
-        flood(&h, "t", &key, false),
+        flood(&h, t, &key, false),
         healthy_gets_everything(&mut healthy, started)
     );
-    assert!(
-        h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"dropped\"}")
-            .await
-            >= 1.0
-    );
     let (seqs, gaps) = drain(&mut slow).await;
+    // The healthy reader got everything: every drop counted is one the slow
+    // reader misses, and every message it misses was counted.
+    assert_eq!(
+        slow_count(&h, t, "dropped").await - before,
+        (MESSAGES - seqs.len() as u64) as f64,
+        "drops counted"
+    );
     assert_eq!(seqs.last(), Some(&MESSAGES), "the newest message arrives");
     assert!(
         gaps >= 1 && (seqs.len() as u64) < MESSAGES,
@@ -156,18 +172,21 @@ async fn drop_oldest_policy_drops_and_shows_gaps() {
 
 #[tokio::test]
 async fn conflate_policy_keeps_latest_per_key() {
-    let (h, key, mut slow, mut healthy) = setup("conflate").await;
+    let t = "slow-conflate";
+    let (h, key, mut slow, mut healthy) = setup(t, "conflate").await;
+    let before = slow_count(&h, t, "conflated").await;
     let started = Instant::now();
     tokio::join!(
-        flood(&h, "t", &key, true),
+        flood(&h, t, &key, true),
         healthy_gets_everything(&mut healthy, started)
     );
-    assert!(
-        h.metric("herald_slow_consumer_total{tenant=\"t\",action=\"conflated\"}")
-            .await
-            >= 1.0
-    );
     let (seqs, _) = drain(&mut slow).await;
+    // As for drops: what the slow reader misses is exactly what was counted.
+    assert_eq!(
+        slow_count(&h, t, "conflated").await - before,
+        (MESSAGES - seqs.len() as u64) as f64,
+        "conflations counted"
+    );
     // The last message of every key (the last four seqs) survives conflation.
     for s in MESSAGES - 3..=MESSAGES {
         assert!(
@@ -184,11 +203,12 @@ async fn a_stalled_reader_holds_little_in_the_kernel() {
     // The default 64 KiB SO_SNDBUF: what the stalled client finally reads is
     // its queue (128 KiB) plus what the two sockets held, not megabytes of
     // kernel send buffer grown by autotuning (up to 4 MiB per socket).
-    let (h, key, mut slow, mut healthy) = setup("drop-oldest").await;
+    let t = "slow-kernel";
+    let (h, key, mut slow, mut healthy) = setup(t, "drop-oldest").await;
     let started = Instant::now();
     // The healthy client reads while the flood goes on.
     tokio::join!(
-        flood(&h, "t", &key, false),
+        flood(&h, t, &key, false),
         healthy_gets_everything(&mut healthy, started)
     );
     let (seqs, _) = drain(&mut slow).await;
