@@ -209,7 +209,7 @@ struct Mark {
 }
 
 /// Audiences tracked per channel beyond which the ones equivalent to the
-/// rest are forgotten.
+/// rest are forgotten (and beyond four times which the least recent are).
 const TRACKED_AUDIENCES: usize = 64;
 
 /// The frames of one position: one per variant (and per distinct `prev`).
@@ -394,6 +394,14 @@ impl Channel {
             // An audience not ahead of the rest is the rest.
             let rest = self.untagged_last;
             self.tagged_last.retain(|_, t| *t > rest);
+        }
+        if self.tagged_last.len() > TRACKED_AUDIENCES * 4 {
+            // A plugin tagging per user: keep the most recent. A forgotten
+            // audience's next `prev` is then lower than it saw — never a
+            // false gap, only a missed one for that audience.
+            let mut lasts: Vec<u64> = self.tagged_last.values().copied().collect();
+            let (_, &mut cut, _) = lasts.select_nth_unstable_by(TRACKED_AUDIENCES, |a, b| b.cmp(a));
+            self.tagged_last.retain(|_, t| *t > cut);
         }
     }
 }
@@ -727,6 +735,30 @@ mod tests {
             |_, _| {},
         );
         assert_eq!((r.gap, r.replayed), (None, 2));
+    }
+
+    /// A plugin that tags every message for its own audience cannot grow a
+    /// channel's audience map without bound.
+    #[test]
+    fn per_user_audiences_stay_bounded() {
+        let hub = Hub::default();
+        let names: Vec<String> = (0..2_000).map(|i| format!("user{i}")).collect();
+        for n in &names {
+            let v = [Variant {
+                payload: b"1",
+                kind: PayloadKind::Json,
+                audience: Some(n),
+            }];
+            hub.publish_at("c", None, &[], None, &v, LIMITS, 0).unwrap();
+        }
+        let chan = hub.channel("c");
+        let c = chan.lock();
+        assert!(
+            c.tagged_last.len() <= TRACKED_AUDIENCES * 4,
+            "{}",
+            c.tagged_last.len()
+        );
+        assert_eq!(c.last_for(Some("user1999")), 2_000);
     }
 
     /// Issue 9, item 9: history drops a position with all its variants.
