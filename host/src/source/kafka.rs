@@ -5,17 +5,17 @@
 //! channel, so every node reads everything), picking up partitions added to a
 //! topic later, this node's positions in the registry, the tenant's librdkafka
 //! options (options.rs), the record-to-channel mapping for tenants without a
-//! transform, and the source's health. A connection to the brokers reads
-//! (batches into ingest) and watches (lag probes, metadata for new partitions)
-//! at once, so neither waits for the other.
+//! transform, and the source's health. A connection to the brokers is read
+//! (batches into ingest) and watched (lag probes, metadata for new
+//! partitions) by two tasks, so neither waits for the other.
 //!
 //! Invariants: the stored positions only move past records that were
 //! published, so a restart resumes without loss; a partition added later is
 //! read from its beginning (partitions.rs); fetching runs only as fast as
 //! ingest (librdkafka's fetch queue is bounded): Kafka is the buffer, never
 //! Herald's memory; broker trouble — an error, or brokers that stop answering
-//! — shows as stalled within two seconds, and live returns once they answer
-//! again and records flow.
+//! — shows as stalled within two seconds, and as live once they answer
+//! again and the reader keeps up.
 
 use super::{set_state, Health, SourceConfig, SourceState};
 use crate::app::App;
@@ -35,6 +35,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 mod brokers;
 mod options;
@@ -304,13 +305,18 @@ impl Reader {
     }
 
     /// One connection: reads until stopped (storing the positions) or until
-    /// reading fails; the watch runs beside it and ends with it.
+    /// reading fails; the watch runs beside it and is aborted with it.
     async fn consume(&self) -> Result<(), String> {
-        let link = self.connect().await?;
-        tokio::select! {
-            r = self.read(&link) => r,
-            never = self.watch(&link) => match never {},
-        }
+        let link = Arc::new(self.connect().await?);
+        let watch = Watch {
+            tenant: self.tenant.clone(),
+            health: self.health.clone(),
+            topics: self.topics.clone(),
+            start: self.start,
+            link: link.clone(),
+        };
+        let _watching = AbortOnDropHandle::new(tokio::spawn(watch.run()));
+        self.read(&link).await
     }
 
     /// A consumer with every partition assigned at its stored position (or
@@ -413,85 +419,6 @@ impl Reader {
         Some(batch)
     }
 
-    /// Probes the brokers every PROBE_EVERY and looks for new partitions every
-    /// DISCOVER_EVERY, for as long as the connection is read.
-    async fn watch(&self, link: &Link) -> Infallible {
-        let mut discovered = Instant::now();
-        loop {
-            self.probe(link).await;
-            if discovered.elapsed() >= DISCOVER_EVERY {
-                discovered = Instant::now();
-                self.discover(link).await;
-            }
-            tokio::time::sleep(PROBE_EVERY).await;
-        }
-    }
-
-    /// Asks for the latest offsets: the lag, and the state — stalled when the
-    /// brokers do not answer or records wait without progress, else live.
-    async fn probe(&self, link: &Link) {
-        let positions = link.partitions.lock().positions();
-        let (c, asked) = (link.consumer.clone(), positions.clone());
-        let latest =
-            tokio::task::spawn_blocking(move || brokers::latest(&*c, &asked, PROBE_TIMEOUT))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r);
-        let latest = match latest {
-            Ok(latest) => latest,
-            Err(e) => {
-                return set_state(&self.tenant, &self.health, SourceState::Stalled, Some(e));
-            }
-        };
-        let lag = partitions::lag(&positions, &latest);
-        self.health.lock().lag = Some(lag);
-        self.tenant.metrics.source_lag.set(lag as f64);
-        let now = Instant::now();
-        let delivered = *link.progress.lock();
-        let stuck = {
-            let mut behind = link.behind_since.lock();
-            *behind = behind_since(*behind, lag, delivered, now);
-            behind.is_some_and(|t| now - t > super::outbox::STALL_AFTER)
-        };
-        if stuck {
-            set_state(
-                &self.tenant,
-                &self.health,
-                SourceState::Stalled,
-                Some("lagging without progress".into()),
-            );
-        } else {
-            set_state(&self.tenant, &self.health, SourceState::Live, None);
-        }
-    }
-
-    /// Reads the topics' metadata again and assigns partitions added since
-    /// (from their beginning: every record in them is new).
-    async fn discover(&self, link: &Link) {
-        let (c, p, topics, start) = (
-            link.consumer.clone(),
-            link.partitions.clone(),
-            self.topics.clone(),
-            self.start,
-        );
-        let added = tokio::task::spawn_blocking(move || {
-            let found = brokers::find(&*c, &topics, PROBE_TIMEOUT)?;
-            brokers::assign_new(&*c, &p, &found, start, PROBE_TIMEOUT)
-        })
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r);
-        match added {
-            Ok(0) => {}
-            Ok(n) => {
-                let count = link.partitions.lock().count();
-                self.health.lock().partitions = Some(count);
-                tracing::info!(tenant = %self.tenant.id, added = n, partitions = count, "kafka partitions added to the topics; reading them from their beginning");
-            }
-            Err(e) => set_state(&self.tenant, &self.health, SourceState::Stalled, Some(e)),
-        }
-    }
-
     fn own(&self, m: &rdkafka::message::BorrowedMessage<'_>) -> Owned {
         let headers: Vec<(String, Vec<u8>)> = m
             .headers()
@@ -590,6 +517,98 @@ impl Reader {
         h.last_record_ms = Some(now_ms() as u64);
         h.position = Some(encoded);
         Ok(())
+    }
+}
+
+/// Watches one connection beside the reading: a task of its own, so that a
+/// batch holding the reader — a slow transform, which may run on the
+/// reader's own runtime thread — never delays a stall.
+struct Watch {
+    tenant: Arc<Tenant>,
+    health: Arc<Mutex<Health>>,
+    topics: Vec<String>,
+    start: KafkaStart,
+    link: Arc<Link>,
+}
+
+impl Watch {
+    /// Probes the brokers every PROBE_EVERY and looks for new partitions every
+    /// DISCOVER_EVERY, until aborted with its connection.
+    async fn run(self) -> Infallible {
+        let mut discovered = Instant::now();
+        loop {
+            self.probe().await;
+            if discovered.elapsed() >= DISCOVER_EVERY {
+                discovered = Instant::now();
+                self.discover().await;
+            }
+            tokio::time::sleep(PROBE_EVERY).await;
+        }
+    }
+
+    /// Asks for the latest offsets: the lag, and the state — stalled when the
+    /// brokers do not answer or records wait without progress, else live.
+    async fn probe(&self) {
+        let positions = self.link.partitions.lock().positions();
+        let (c, asked) = (self.link.consumer.clone(), positions.clone());
+        let latest =
+            tokio::task::spawn_blocking(move || brokers::latest(&*c, &asked, PROBE_TIMEOUT))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r);
+        let latest = match latest {
+            Ok(latest) => latest,
+            Err(e) => {
+                return set_state(&self.tenant, &self.health, SourceState::Stalled, Some(e));
+            }
+        };
+        let lag = partitions::lag(&positions, &latest);
+        self.health.lock().lag = Some(lag);
+        self.tenant.metrics.source_lag.set(lag as f64);
+        let now = Instant::now();
+        let delivered = *self.link.progress.lock();
+        let stuck = {
+            let mut behind = self.link.behind_since.lock();
+            *behind = behind_since(*behind, lag, delivered, now);
+            behind.is_some_and(|t| now - t > super::outbox::STALL_AFTER)
+        };
+        if stuck {
+            set_state(
+                &self.tenant,
+                &self.health,
+                SourceState::Stalled,
+                Some("lagging without progress".into()),
+            );
+        } else {
+            set_state(&self.tenant, &self.health, SourceState::Live, None);
+        }
+    }
+
+    /// Reads the topics' metadata again and assigns partitions added since
+    /// (from their beginning: every record in them is new).
+    async fn discover(&self) {
+        let (c, p, topics, start) = (
+            self.link.consumer.clone(),
+            self.link.partitions.clone(),
+            self.topics.clone(),
+            self.start,
+        );
+        let added = tokio::task::spawn_blocking(move || {
+            let found = brokers::find(&*c, &topics, PROBE_TIMEOUT)?;
+            brokers::assign_new(&*c, &p, &found, start, PROBE_TIMEOUT)
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+        match added {
+            Ok(0) => {}
+            Ok(n) => {
+                let count = self.link.partitions.lock().count();
+                self.health.lock().partitions = Some(count);
+                tracing::info!(tenant = %self.tenant.id, added = n, partitions = count, "kafka partitions added to the topics; reading them from their beginning");
+            }
+            Err(e) => set_state(&self.tenant, &self.health, SourceState::Stalled, Some(e)),
+        }
     }
 }
 
