@@ -386,3 +386,61 @@ async fn kafka_options_reach_librdkafka_and_secrets_never_show() {
     assert!(message(&v).contains("placeholder"), "{v}");
     h.stop().await;
 }
+
+/// The reader may be busy for seconds with one batch (here a transform that
+/// runs to its deadline, on the reader's own runtime thread): the stall must
+/// not wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_a_slow_batch_does_not_delay_the_stall() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("slow", 1, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    let h = spawn_host().await;
+    h.tenant(json!({"id":"kslow","access":"public","limits":{"plugin_deadline_ms":3000}}))
+        .await;
+    h.install_plugin("kslow", "fixture_loop").await;
+    let (s, v) = h
+        .admin(
+            Method::PUT,
+            "/admin/v1/tenants/kslow/source",
+            Some(json!({"kind":"kafka","brokers":brokers,"topics":["slow"]})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    wait_live(&h, "kslow").await;
+    produce(&producer, "slow", "s", 1).await;
+    // The reader fetches the record within its fetch wait (50 ms) and holds
+    // it in the transform for 3 s. Nothing outside shows a batch in flight,
+    // so this one wait is a pause, well inside those 3 s.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let t = Instant::now();
+    cluster
+        .broker_round_trip_time(1, Duration::from_secs(30))
+        .unwrap();
+    loop {
+        let (_, v) = h
+            .admin(Method::GET, "/admin/v1/tenants/kslow/source", None)
+            .await;
+        if v["health"]["state"] == "stalled" {
+            break;
+        }
+        assert!(
+            t.elapsed() < STALLED_WITHIN,
+            "not stalled {:?} after the broker stopped answering: {v}",
+            t.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "stalled {:?} after the broker stopped answering",
+        t.elapsed()
+    );
+    cluster
+        .broker_round_trip_time(1, Duration::from_millis(0))
+        .unwrap();
+    h.stop().await;
+}
