@@ -5,7 +5,7 @@ COPY . .
 RUN cargo build --release --locked -p herald-host
 
 FROM debian:bookworm-slim
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates && rm -rf /var/lib/apt/lists/*
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/herald /usr/local/bin/herald
 ENV HERALD_LISTEN=0.0.0.0:8080 HERALD_DATA_DIR=/var/lib/herald
 VOLUME /var/lib/herald

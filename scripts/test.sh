@@ -14,6 +14,10 @@ log() { printf '\n== %s\n' "$*"; }
 
 log "toolchain"
 rustup target add wasm32-wasip2 >/dev/null 2>&1 || rustup target add wasm32-wasip2
+if ! pkg-config --exists openssl 2>/dev/null; then
+    log "installing OpenSSL headers (librdkafka is built with TLS for the Kafka source)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libssl-dev pkg-config >/dev/null
+fi
 
 newest_pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
 if [ ! -x "$PG_BIN/initdb" ] && [ -x "$(newest_pg_bin)/initdb" ]; then

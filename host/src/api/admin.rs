@@ -283,11 +283,12 @@ async fn set_source(
             brokers,
             topics,
             channel_from,
+            options,
             ..
         } => {
             crate::source::kafka::ChannelFrom::parse(channel_from.as_deref())
                 .map_err(ApiError::BadRequest)?;
-            crate::source::kafka::check(brokers, topics)
+            crate::source::kafka::check(brokers, topics, options)
                 .await
                 .map_err(ApiError::BadRequest)?
         }

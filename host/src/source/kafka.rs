@@ -2,15 +2,22 @@
 //!
 //! Owns: reading every partition of the tenant's topics by manual assignment
 //! (no consumer group, no rebalancing: every node holds subscribers of any
-//! channel, so every node reads everything), this node's positions in the
-//! registry, the record-to-channel mapping for tenants without a transform,
-//! each record's position (partition → stream, offset + 1 → number, so a
-//! re-read record is a duplicate and every node numbers it alike), and the
-//! source's health. Invariants: the stored positions only move past
-//! records that were published, so a restart resumes without loss; fetching
-//! runs only as fast as ingest (librdkafka's fetch queue is bounded): Kafka is
-//! the buffer, never Herald's memory; broker trouble shows as stalled within
-//! about two seconds and as live once records or watermarks flow again.
+//! channel, so every node reads everything), picking up partitions added to a
+//! topic later, this node's positions in the registry, the tenant's librdkafka
+//! options (options.rs), the record-to-channel mapping for tenants without a
+//! transform, each record's position (partition → stream, offset + 1 →
+//! number: a re-read record is a duplicate, and every node numbers it
+//! alike), and the source's health. A connection to the brokers is read
+//! (batches into ingest) and watched (watch.rs: lag probes, metadata for new
+//! partitions) by two tasks, so neither waits for the other.
+//!
+//! Invariants: the stored positions only move past records that were
+//! published, so a restart resumes without loss; a partition added later is
+//! read from its beginning (partitions.rs); fetching runs only as fast as
+//! ingest (librdkafka's fetch queue is bounded): Kafka is the buffer, never
+//! Herald's memory; broker trouble — an error, or brokers that stop answering
+//! — shows as stalled within two seconds, and as live once they answer
+//! again and the reader keeps up.
 
 use super::{set_state, Health, SourceConfig, SourceState};
 use crate::app::App;
@@ -21,15 +28,25 @@ use crate::registry::now_ms;
 use crate::tenant::Tenant;
 use parking_lot::Mutex;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::ClientContext;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+mod brokers;
+mod options;
+mod partitions;
+mod watch;
+
+pub use options::KafkaOptions;
+use partitions::Partitions;
+use watch::Watch;
 
 /// Where a new node starts reading (a node with stored positions resumes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -88,50 +105,98 @@ impl ChannelFrom {
     }
 }
 
-/// Checks that the brokers answer and every topic exists.
-pub async fn check(brokers: &str, topics: &[String]) -> Result<(), String> {
+/// Records collected per batch before handing them to ingest.
+const BATCH: usize = 512;
+
+/// The hub's stream for a partition: the topic's index in the source's list
+/// (the same on every node, which share the source config) and the partition.
+pub fn stream_id(topics: &[String], topic: &str, partition: i32) -> u32 {
+    let t = topics.iter().position(|x| x == topic).unwrap_or(0) as u32;
+    (t << 20) | (partition.max(0) as u32 & 0xF_FFFF)
+}
+/// A batch gathers records for this long at most…
+const BATCH_WINDOW: Duration = Duration::from_millis(200);
+/// …and for this long once it holds one.
+const BATCH_LINGER: Duration = Duration::from_millis(20);
+/// Positions are stored at most this often while records flow.
+const SAVE_EVERY: Duration = Duration::from_millis(200);
+/// How often the brokers are asked for their latest offsets: the lag, and
+/// whether they answer at all.
+const PROBE_EVERY: Duration = Duration::from_millis(250);
+/// Brokers that do not answer a probe (or a metadata request) in this long
+/// stall the source. PROBE_EVERY + PROBE_TIMEOUT stays under the two seconds
+/// the README promises for a broker that goes silent without an error.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often the topics' metadata is read again for partitions added since.
+const DISCOVER_EVERY: Duration = Duration::from_secs(3);
+/// Timeout of each broker call while connecting and checking.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Settings Herald chooses that a tenant's options may change: fetch
+/// latency, and reconnecting quickly enough to turn live again within a
+/// second of the brokers' return.
+const TUNING: &[(&str, &str)] = &[
+    ("fetch.wait.max.ms", "50"),
+    ("reconnect.backoff.ms", "100"),
+    ("reconnect.backoff.max.ms", "1000"),
+    ("socket.connection.setup.timeout.ms", "2000"),
+];
+
+/// A client of `brokers`: Herald's tuning, the tenant's options over it,
+/// then what Herald owns (which `KafkaOptions::check` keeps out of `options`).
+fn client_config(brokers: &str, options: &KafkaOptions) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    for (k, v) in TUNING {
+        c.set(*k, *v);
+    }
+    for (k, v) in options.iter() {
+        c.set(k, v);
+    }
+    c.set("bootstrap.servers", brokers)
+        .set("allow.auto.create.topics", "false");
+    c
+}
+
+/// The reader's client: what Herald owns in a reader over `client_config`.
+fn reader_config(brokers: &str, options: &KafkaOptions, group: &str) -> ClientConfig {
+    let mut config = client_config(brokers, options);
+    config
+        // Required by librdkafka; never joined: partitions are assigned by hand.
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("queued.max.messages.kbytes", "16384");
+    config
+}
+
+/// librdkafka's reason a client could not be made, without the value that
+/// the Rust binding appends to it (it may be a secret).
+fn client_error(e: KafkaError) -> String {
+    match e {
+        KafkaError::ClientConfig(_, desc, key, value)
+            if options::is_secret(&key) && !value.is_empty() =>
+        {
+            format!("kafka client: {}", desc.replace(&value, options::REDACTED))
+        }
+        KafkaError::ClientConfig(_, desc, _, _) => format!("kafka client: {desc}"),
+        e => format!("kafka client: {e}"),
+    }
+}
+
+/// Checks the options, that the brokers answer and that every topic exists.
+pub async fn check(brokers: &str, topics: &[String], options: &KafkaOptions) -> Result<(), String> {
     if topics.is_empty() {
         return Err("topics: at least one topic is required".into());
     }
-    let brokers = brokers.to_string();
+    options.check()?;
+    let mut config = client_config(brokers, options);
+    config.set("group.id", "herald-check");
     let topics = topics.to_vec();
     tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .set("group.id", "herald-check")
-            .set("allow.auto.create.topics", "false")
-            .create()
-            .map_err(|e| format!("kafka client: {e}"))?;
-        for t in &topics {
-            partitions(&consumer, t, Duration::from_secs(5))?;
-        }
-        Ok(())
+        let consumer: BaseConsumer = config.create().map_err(client_error)?;
+        brokers::find(&consumer, &topics, CONNECT_TIMEOUT).map(drop)
     })
     .await
     .map_err(|e| format!("kafka check failed: {e}"))?
-}
-
-/// The partitions of `topic`, or why they cannot be had.
-fn partitions<C: Consumer<X>, X: ConsumerContext>(
-    consumer: &C,
-    topic: &str,
-    timeout: Duration,
-) -> Result<Vec<i32>, String> {
-    let md = consumer
-        .fetch_metadata(Some(topic), timeout)
-        .map_err(|e| format!("cannot reach the brokers: {e}"))?;
-    let t = md
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .ok_or_else(|| format!("topic {topic:?} does not exist"))?;
-    if let Some(e) = t.error() {
-        return Err(format!("topic {topic:?}: {e:?}"));
-    }
-    if t.partitions().is_empty() {
-        return Err(format!("topic {topic:?} does not exist"));
-    }
-    Ok(t.partitions().iter().map(|p| p.id()).collect())
 }
 
 /// Turns librdkafka's error callbacks into the source's health.
@@ -158,6 +223,7 @@ pub struct Reader {
     tenant: Arc<Tenant>,
     brokers: String,
     topics: Vec<String>,
+    options: KafkaOptions,
     start: KafkaStart,
     channel_from: ChannelFrom,
     health: Arc<Mutex<Health>>,
@@ -166,17 +232,16 @@ pub struct Reader {
     saved: Mutex<Instant>,
 }
 
-/// The hub's stream for a partition: the topic's index in the source's list
-/// (the same on every node, which share the source config) and the partition.
-pub fn stream_id(topics: &[String], topic: &str, partition: i32) -> u32 {
-    let t = topics.iter().position(|x| x == topic).unwrap_or(0) as u32;
-    (t << 20) | (partition.max(0) as u32 & 0xF_FFFF)
+/// One connection to the brokers, shared by reading and watching.
+struct Link {
+    consumer: Arc<StreamConsumer<Ctx>>,
+    partitions: Arc<Mutex<Partitions>>,
+    /// When a batch was last delivered.
+    progress: Mutex<Instant>,
+    /// Since when the brokers have held records this node has not delivered
+    /// (reset by a delivery): lag without progress for STALL_AFTER stalls.
+    behind_since: Mutex<Option<Instant>>,
 }
-
-/// Records collected per batch before handing them to ingest.
-const BATCH: usize = 512;
-/// Positions are stored at most this often while records flow.
-const SAVE_EVERY: Duration = Duration::from_millis(200);
 
 struct Owned {
     topic: String,
@@ -204,6 +269,7 @@ impl Reader {
             topics,
             start,
             channel_from,
+            options,
         } = config
         else {
             unreachable!("the kafka reader is only built for kafka sources")
@@ -213,6 +279,7 @@ impl Reader {
             tenant,
             brokers,
             topics,
+            options,
             start,
             channel_from: ChannelFrom::parse(channel_from.as_deref())
                 .unwrap_or(ChannelFrom::Header("channel".into())),
@@ -233,29 +300,34 @@ impl Reader {
         .await
     }
 
+    /// One connection: reads until stopped (storing the positions) or until
+    /// reading fails; the watch runs beside it and is aborted with it.
     async fn consume(&self) -> Result<(), String> {
+        let link = Arc::new(self.connect().await?);
+        let watch = Watch {
+            tenant: self.tenant.clone(),
+            health: self.health.clone(),
+            topics: self.topics.clone(),
+            start: self.start,
+            link: link.clone(),
+        };
+        let _watching = AbortOnDropHandle::new(tokio::spawn(watch.run()));
+        self.read(&link).await
+    }
+
+    /// A consumer with every partition assigned at its stored position (or
+    /// where `start` says), the positions stored at once: from then on a
+    /// partition without a stored position is known to be new.
+    async fn connect(&self) -> Result<Link, String> {
+        let group = format!("herald-{}-{}", self.tenant.id, self.app.config.node_id);
         let ctx = Ctx {
             tenant: self.tenant.clone(),
             health: self.health.clone(),
         };
         let consumer: Arc<StreamConsumer<Ctx>> = Arc::new(
-            ClientConfig::new()
-                .set("bootstrap.servers", &self.brokers)
-                // Required by librdkafka; never joined: partitions are assigned by hand.
-                .set(
-                    "group.id",
-                    format!("herald-{}-{}", self.tenant.id, self.app.config.node_id),
-                )
-                .set("enable.auto.commit", "false")
-                .set("enable.auto.offset.store", "false")
-                .set("allow.auto.create.topics", "false")
-                .set("queued.max.messages.kbytes", "16384")
-                .set("fetch.wait.max.ms", "50")
-                .set("reconnect.backoff.ms", "100")
-                .set("reconnect.backoff.max.ms", "1000")
-                .set("socket.connection.setup.timeout.ms", "2000")
+            reader_config(&self.brokers, &self.options, &group)
                 .create_with_context(ctx)
-                .map_err(|e| format!("kafka client: {e}"))?,
+                .map_err(client_error)?,
         );
         let stored: BTreeMap<String, i64> = self
             .app
@@ -269,82 +341,80 @@ impl Reader {
             .map_err(|e| e.to_string())?
             .and_then(|s| serde_json::from_str(&s).ok())
             .unwrap_or_default();
-        let (assignment, mut positions) = {
-            let c = consumer.clone();
-            let topics = self.topics.clone();
-            let start = self.start;
-            tokio::task::spawn_blocking(move || assign_all(&*c, &topics, start, &stored))
-                .await
-                .map_err(|e| e.to_string())??
+        let partitions = Arc::new(Mutex::new(Partitions::new(stored)));
+        let (c, p, topics, start) = (
+            consumer.clone(),
+            partitions.clone(),
+            self.topics.clone(),
+            self.start,
+        );
+        tokio::task::spawn_blocking(move || {
+            let found = brokers::find(&*c, &topics, CONNECT_TIMEOUT)?;
+            brokers::assign_new(&*c, &p, &found, start, CONNECT_TIMEOUT)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        let (encoded, count) = {
+            let p = partitions.lock();
+            (p.encoded(), p.count())
         };
-        consumer
-            .assign(&assignment)
-            .map_err(|e| format!("assigning partitions: {e}"))?;
-        let mut last_progress = Instant::now();
-        let mut last_check = Instant::now() - Duration::from_secs(10);
+        self.save(&encoded).await?;
+        {
+            let mut h = self.health.lock();
+            h.partitions = Some(count);
+            h.position = Some(encoded);
+        }
+        Ok(Link {
+            consumer,
+            partitions,
+            progress: Mutex::new(Instant::now()),
+            behind_since: Mutex::new(None),
+        })
+    }
+
+    /// Batches records into ingest until the reader stops.
+    async fn read(&self, link: &Link) -> Result<(), String> {
         loop {
-            let mut batch: Vec<Owned> = Vec::new();
-            let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
-            while batch.len() < BATCH {
-                let msg = tokio::select! {
-                    _ = self.stop.cancelled() => {
-                        // Held messages go out before the positions past them are stored.
-                        ingest::flush(&self.tenant);
-                        let encoded = serde_json::to_string(&positions).unwrap_or_default();
-                        return self.save(&encoded).await;
-                    }
-                    _ = tokio::time::sleep_until(deadline) => break,
-                    m = consumer.recv() => m,
-                };
-                match msg {
-                    Ok(m) => batch.push(self.own(&m)),
-                    Err(e) => {
-                        set_state(
-                            &self.tenant,
-                            &self.health,
-                            SourceState::Stalled,
-                            Some(e.to_string()),
-                        );
-                        break;
-                    }
-                }
-                if !batch.is_empty()
-                    && tokio::time::Instant::now() + Duration::from_millis(180) > deadline
-                {
+            let Some(batch) = self.collect(&link.consumer).await else {
+                // Held messages go out before the positions past them are stored.
+                ingest::flush(&self.tenant);
+                let encoded = link.partitions.lock().encoded();
+                return self.save(&encoded).await;
+            };
+            if !batch.is_empty() {
+                self.deliver(batch, link).await?;
+            }
+        }
+    }
+
+    /// Up to BATCH records, gathered for BATCH_WINDOW at most and for
+    /// BATCH_LINGER once one arrived; `None` when the reader stops.
+    async fn collect(&self, consumer: &StreamConsumer<Ctx>) -> Option<Vec<Owned>> {
+        let opened = tokio::time::Instant::now();
+        let mut batch = Vec::new();
+        while batch.len() < BATCH {
+            let msg = tokio::select! {
+                _ = self.stop.cancelled() => return None,
+                _ = tokio::time::sleep_until(opened + BATCH_WINDOW) => break,
+                m = consumer.recv() => m,
+            };
+            match msg {
+                Ok(m) => batch.push(self.own(&m)),
+                Err(e) => {
+                    set_state(
+                        &self.tenant,
+                        &self.health,
+                        SourceState::Stalled,
+                        Some(e.to_string()),
+                    );
                     break;
                 }
             }
-            if !batch.is_empty() {
-                set_state(&self.tenant, &self.health, SourceState::Live, None);
-                self.deliver(batch, &mut positions).await?;
-                last_progress = Instant::now();
-            }
-            if last_check.elapsed() >= Duration::from_millis(500) {
-                last_check = Instant::now();
-                let c = consumer.clone();
-                let p = positions.clone();
-                let lag = tokio::task::spawn_blocking(move || lag(&*c, &p))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                match lag {
-                    Ok(lag) => {
-                        self.health.lock().lag = Some(lag);
-                        self.tenant.metrics.source_lag.set(lag as f64);
-                        if lag > 0 && last_progress.elapsed() > super::outbox::STALL_AFTER {
-                            set_state(
-                                &self.tenant,
-                                &self.health,
-                                SourceState::Stalled,
-                                Some("lagging without progress".into()),
-                            );
-                        } else {
-                            set_state(&self.tenant, &self.health, SourceState::Live, None);
-                        }
-                    }
-                    Err(e) => set_state(&self.tenant, &self.health, SourceState::Stalled, Some(e)),
-                }
+            if opened.elapsed() > BATCH_LINGER {
+                break;
             }
         }
+        Some(batch)
     }
 
     fn own(&self, m: &rdkafka::message::BorrowedMessage<'_>) -> Owned {
@@ -404,13 +474,12 @@ impl Reader {
     }
 
     /// Publishes a batch through ingest, then stores the positions past it.
-    async fn deliver(
-        &self,
-        batch: Vec<Owned>,
-        positions: &mut BTreeMap<String, i64>,
-    ) -> Result<(), String> {
-        for r in &batch {
-            positions.insert(format!("{}:{}", r.topic, r.partition), r.offset + 1);
+    async fn deliver(&self, batch: Vec<Owned>, link: &Link) -> Result<(), String> {
+        {
+            let mut p = link.partitions.lock();
+            for r in &batch {
+                p.delivered(&r.topic, r.partition, r.offset);
+            }
         }
         let n = batch.len() as u64;
         let tenant = self.tenant.clone();
@@ -436,8 +505,9 @@ impl Reader {
         if let Err(e) = result {
             tracing::warn!(tenant = %self.tenant.id, kind = e.kind(), records = n, "kafka batch dead-lettered");
         }
+        *link.progress.lock() = Instant::now();
         self.tenant.metrics.source_records.increment(n);
-        let encoded = serde_json::to_string(&*positions).unwrap_or_default();
+        let encoded = link.partitions.lock().encoded();
         // Stored at most every SAVE_EVERY (and when the reader stops): a crash
         // re-reads at most that much (at-least-once); nothing is skipped.
         if self.saved.lock().elapsed() >= SAVE_EVERY {
@@ -451,71 +521,133 @@ impl Reader {
     }
 }
 
-/// Every partition of every topic, each at its stored position or at `start`.
-fn assign_all<C: Consumer<X>, X: ConsumerContext>(
-    consumer: &C,
-    topics: &[String],
-    start: KafkaStart,
-    stored: &BTreeMap<String, i64>,
-) -> Result<(TopicPartitionList, BTreeMap<String, i64>), String> {
-    let mut tpl = TopicPartitionList::new();
-    let mut positions = stored.clone();
-    for topic in topics {
-        for p in partitions(consumer, topic, Duration::from_secs(5))? {
-            let key = format!("{topic}:{p}");
-            let offset = match stored.get(&key) {
-                Some(&o) => Offset::Offset(o),
-                None => match start {
-                    KafkaStart::Latest => {
-                        let (_, high) = consumer
-                            .fetch_watermarks(topic, p, Duration::from_secs(5))
-                            .map_err(|e| format!("watermarks of {key}: {e}"))?;
-                        positions.insert(key.clone(), high);
-                        Offset::Offset(high)
-                    }
-                    KafkaStart::Earliest => Offset::Beginning,
-                    KafkaStart::Timestamp(ms) => {
-                        let mut q = TopicPartitionList::new();
-                        q.add_partition_offset(topic, p, Offset::Offset(ms as i64))
-                            .map_err(|e| e.to_string())?;
-                        let found = consumer
-                            .offsets_for_times(q, Duration::from_secs(5))
-                            .map_err(|e| format!("offsets for time on {key}: {e}"))?;
-                        found
-                            .find_partition(topic, p)
-                            .map_or(Offset::End, |e| e.offset())
-                    }
-                },
-            };
-            tpl.add_partition_offset(topic, p, offset)
-                .map_err(|e| e.to_string())?;
-        }
-    }
-    Ok((tpl, positions))
-}
-
-/// Records beyond this node's positions (high watermark minus position).
-fn lag<C: Consumer<X>, X: ConsumerContext>(
-    consumer: &C,
-    positions: &BTreeMap<String, i64>,
-) -> Result<u64, String> {
-    let mut total = 0u64;
-    for (key, &pos) in positions {
-        let Some((topic, p)) = key.rsplit_once(':') else {
-            continue;
-        };
-        let p: i32 = p.parse().unwrap_or(0);
-        let (_, high) = consumer
-            .fetch_watermarks(topic, p, Duration::from_millis(1000))
-            .map_err(|e| format!("watermarks of {key}: {e}"))?;
-        total += (high - pos).max(0) as u64;
-    }
-    Ok(total)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdkafka::consumer::Consumer;
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    fn options(json: &str) -> KafkaOptions {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn every_client_takes_the_tenants_options_and_herald_keeps_its_own() {
+        let o =
+            options(r#"{"client.id":"c1","fetch.wait.max.ms":10,"security.protocol":"SASL_SSL"}"#);
+        let c = reader_config("b:9092", &o, "herald-t-n");
+        assert_eq!(c.get("client.id"), Some("c1"));
+        assert_eq!(c.get("security.protocol"), Some("SASL_SSL"));
+        // Herald's tuning yields to the tenant; what Herald owns does not.
+        assert_eq!(c.get("fetch.wait.max.ms"), Some("10"));
+        assert_eq!(c.get("reconnect.backoff.max.ms"), Some("1000"));
+        assert_eq!(c.get("bootstrap.servers"), Some("b:9092"));
+        assert_eq!(c.get("group.id"), Some("herald-t-n"));
+        assert_eq!(c.get("enable.auto.commit"), Some("false"));
+        assert_eq!(c.get("allow.auto.create.topics"), Some("false"));
+        assert_eq!(client_config("b", &o).get("client.id"), Some("c1"));
+    }
+
+    #[test]
+    fn tls_and_sasl_clients_can_be_made() {
+        // Managed clusters take TLS, SASL/PLAIN over TLS, SCRAM or client
+        // certificates: librdkafka must be built with OpenSSL for any of them.
+        for o in [
+            r#"{"security.protocol":"SSL","ssl.endpoint.identification.algorithm":"https"}"#,
+            r#"{"security.protocol":"SASL_SSL","sasl.mechanism":"PLAIN","sasl.username":"u","sasl.password":"p"}"#,
+            r#"{"security.protocol":"SASL_SSL","sasl.mechanism":"SCRAM-SHA-512","sasl.username":"u","sasl.password":"p"}"#,
+        ] {
+            reader_config("b:9093", &options(o), "g")
+                .create::<BaseConsumer>()
+                .map_err(client_error)
+                .unwrap_or_else(|e| panic!("{o}: {e}"));
+        }
+    }
+
+    #[test]
+    fn librdkafkas_refusal_never_repeats_a_secret() {
+        let o = options(r#"{"sasl.jaas.config":"org.x required password=\"hunter2\";"}"#);
+        let e = client_config("b", &o)
+            .set("group.id", "g")
+            .create::<BaseConsumer>()
+            .map(drop)
+            .map_err(client_error)
+            .unwrap_err();
+        assert!(e.contains("JAAS"), "librdkafka's reason: {e}");
+        assert!(!e.contains("hunter2"), "{e}");
+        let e = client_config("b", &options(r#"{"security.protocol":"carrier_pigeon"}"#))
+            .set("group.id", "g")
+            .create::<BaseConsumer>()
+            .map(drop)
+            .map_err(client_error)
+            .unwrap_err();
+        assert!(
+            e.contains("carrier_pigeon") && e.contains("security.protocol"),
+            "{e}"
+        );
+    }
+
+    /// The mock cluster cannot add partitions to a topic (librdkafka's mock
+    /// has no CreatePartitions handler, and creating an existing topic fails),
+    /// so the reader's first assignment pretends the topic had one partition;
+    /// the metadata read by the watch then shows the second.
+    #[test]
+    fn a_partition_found_later_is_assigned_and_read_from_its_beginning() {
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.create_topic("grow", 2, 1).unwrap();
+        let brokers = cluster.bootstrap_servers();
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create()
+            .unwrap();
+        // Written before the reader knew of partition 1: new to it all the same.
+        for v in ["a", "b"] {
+            producer
+                .send(BaseRecord::<(), _>::to("grow").partition(1).payload(v))
+                .map_err(|(e, _)| e)
+                .unwrap();
+        }
+        producer.flush(Duration::from_secs(10)).unwrap();
+        let consumer: BaseConsumer = reader_config(&brokers, &KafkaOptions::default(), "g")
+            .create()
+            .unwrap();
+        let parts = Mutex::new(Partitions::new(BTreeMap::new()));
+        let first = [("grow".to_string(), vec![0])];
+        let t = CONNECT_TIMEOUT;
+        assert_eq!(
+            brokers::assign_new(&consumer, &parts, &first, KafkaStart::Latest, t),
+            Ok(1)
+        );
+        let found = brokers::find(&consumer, &["grow".to_string()], t).unwrap();
+        assert_eq!(found, [("grow".to_string(), vec![0, 1])]);
+        assert_eq!(
+            brokers::assign_new(&consumer, &parts, &found, KafkaStart::Latest, t),
+            Ok(1)
+        );
+        assert_eq!(
+            brokers::assign_new(&consumer, &parts, &found, KafkaStart::Latest, t),
+            Ok(0),
+            "assigned once"
+        );
+        assert_eq!(parts.lock().count(), 2);
+        assert_eq!(consumer.assignment().unwrap().count(), 2);
+        // Its lag counts from its beginning, not from "latest".
+        let positions = parts.lock().positions();
+        let latest = brokers::latest(&consumer, &positions, t).unwrap();
+        assert_eq!(partitions::lag(&positions, &latest), 2);
+
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.len() < 2 {
+            assert!(Instant::now() < deadline, "records of partition 1: {got:?}");
+            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+                let m = m.unwrap();
+                got.push((m.partition(), m.offset(), m.payload().unwrap().to_vec()));
+            }
+        }
+        assert_eq!(got, [(1, 0, b"a".to_vec()), (1, 1, b"b".to_vec())]);
+    }
 
     #[test]
     fn config_shapes() {

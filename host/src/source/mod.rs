@@ -51,6 +51,10 @@ pub enum SourceConfig {
         /// Without a transform: "header:<name>" (default "header:channel"), "key" or "topic".
         #[serde(default, skip_serializing_if = "Option::is_none")]
         channel_from: Option<String>,
+        /// librdkafka properties for every client of this source (TLS, SASL,
+        /// tuning); secrets are shown as "***".
+        #[serde(default, skip_serializing_if = "kafka::KafkaOptions::is_empty")]
+        options: kafka::KafkaOptions,
     },
 }
 
@@ -66,8 +70,14 @@ impl SourceConfig {
     /// The configuration with credentials removed, for API answers and logs.
     pub fn redacted(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(self).unwrap_or_default();
-        if let SourceConfig::PostgresOutbox { database_url, .. } = self {
-            v["database_url"] = serde_json::Value::String(redact_url(database_url));
+        match self {
+            SourceConfig::PostgresOutbox { database_url, .. } => {
+                v["database_url"] = serde_json::Value::String(redact_url(database_url));
+            }
+            SourceConfig::Kafka { options, .. } if !options.is_empty() => {
+                v["options"] = options.redacted();
+            }
+            _ => {}
         }
         v
     }
@@ -118,6 +128,9 @@ pub struct Health {
     pub lag: Option<u64>,
     /// This node's position in the source.
     pub position: Option<String>,
+    /// Kafka: how many partitions this node reads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<usize>,
     pub records: u64,
     pub errors: u64,
     pub last_error: Option<String>,
@@ -143,6 +156,7 @@ impl Health {
             last_record_ms: None,
             lag: None,
             position: None,
+            partitions: None,
             records: 0,
             errors: 0,
             last_error: None,

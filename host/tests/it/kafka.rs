@@ -30,6 +30,28 @@ pub(crate) async fn produce(p: &FutureProducer, topic: &str, channel: &str, n: u
     .expect("produced");
 }
 
+/// README: subscribers are told a source stalled "within two seconds".
+const STALLED_WITHIN: Duration = Duration::from_secs(2);
+
+/// Waits until the tenant's source reports live; fails at the deadline.
+async fn wait_live(h: &Host, tenant: &str) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, v) = h
+            .admin(
+                Method::GET,
+                &format!("/admin/v1/tenants/{tenant}/source"),
+                None,
+            )
+            .await;
+        if v["health"]["state"] == "live" {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "source never became live: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn kafka_records_flow_and_a_broker_outage_is_pushed() {
     let cluster = MockCluster::new(1).unwrap();
@@ -41,11 +63,11 @@ async fn kafka_records_flow_and_a_broker_outage_is_pushed() {
         .create()
         .unwrap();
     let h = spawn_host().await;
-    h.public_tenant("k").await;
+    h.public_tenant("kflow").await;
     let put = |body: Value| {
         let h = &h;
         async move {
-            h.admin(Method::PUT, "/admin/v1/tenants/k/source", Some(body))
+            h.admin(Method::PUT, "/admin/v1/tenants/kflow/source", Some(body))
                 .await
         }
     };
@@ -68,8 +90,11 @@ async fn kafka_records_flow_and_a_broker_outage_is_pushed() {
     let (s, v) =
         put(json!({"kind":"kafka","brokers":brokers,"topics":["ticks"],"start":"earliest"})).await;
     assert_eq!(s, 200, "{v}");
-    let mut ws = h.ws("k").await;
-    ws.sub("t", 1).await;
+    let mut ws = h.ws("kflow").await;
+    // From the start of history: the record written before subscribing comes
+    // first (replayed or live), so every message's `prev` is the `seq` of the
+    // one before it, and the first one's is 0.
+    ws.send(json!({"op":"sub","ch":"t","since":0,"id":1})).await;
     // Records without the channel header are dead-lettered, not stopping anything.
     producer
         .send(
@@ -84,37 +109,26 @@ async fn kafka_records_flow_and_a_broker_outage_is_pushed() {
     }
     let mut seen = Vec::new();
     let mut last = 0u64;
-    // The record written before subscribing may already be in history; count
-    // what arrives live from here on.
-    while seen.len() < 3 {
+    while seen.len() < 4 {
         let m = next_op(&mut ws, "msg", WAIT).await;
-        assert_eq!(
-            m["prev"].as_u64(),
-            Some(last).filter(|l| *l > 0).or(m["prev"].as_u64())
-        );
+        assert_eq!(m["prev"].as_u64(), Some(last), "no gap: {m}");
         last = m["seq"].as_u64().unwrap();
-        if m["data"]["n"].as_u64().unwrap() > 0 {
-            seen.push(m["data"]["n"].as_u64().unwrap());
-        }
+        seen.push(m["data"]["n"].as_u64().unwrap());
     }
     seen.sort();
-    assert_eq!(seen, [1, 2, 3]);
+    assert_eq!(seen, [0, 1, 2, 3]);
 
     // Broker down for 30 s: subscribers see stalled within 2 s.
     let t = Instant::now();
     cluster.broker_down(1).unwrap();
-    let st = next_op(&mut ws, "status", Duration::from_secs(3)).await;
+    let st = next_op(&mut ws, "status", STALLED_WITHIN).await;
     assert_eq!(
         (st["source"].as_str(), st["state"].as_str()),
         (Some("kafka"), Some("stalled"))
     );
-    assert!(
-        t.elapsed() < Duration::from_secs(3),
-        "stalled after {:?}",
-        t.elapsed()
-    );
+    eprintln!("stalled {:?} after the broker went down", t.elapsed());
     let (_, v) = h
-        .admin(Method::GET, "/admin/v1/tenants/k/source", None)
+        .admin(Method::GET, "/admin/v1/tenants/kflow/source", None)
         .await;
     assert_eq!(v["health"]["state"], "stalled", "{v}");
     tokio::time::sleep(Duration::from_secs(30).saturating_sub(t.elapsed())).await;
@@ -138,7 +152,7 @@ async fn kafka_records_flow_and_a_broker_outage_is_pushed() {
     after.sort();
     assert_eq!(after, [4, 5, 6]);
     assert!(
-        h.metric("herald_plugin_dead_letters_total{tenant=\"k\",kind=\"bad_record\"}")
+        h.metric("herald_plugin_dead_letters_total{tenant=\"kflow\",kind=\"bad_record\"}")
             .await
             >= 1.0
     );
@@ -155,24 +169,16 @@ async fn kafka_resumes_after_restart_without_loss() {
         .create()
         .unwrap();
     let h = spawn_host().await;
-    h.public_tenant("k").await;
+    h.public_tenant("krestart").await;
     let body = json!({"kind":"kafka","brokers":brokers,"topics":["events"],"channel_from":"header:channel"});
     let (s, v) = h
-        .admin(Method::PUT, "/admin/v1/tenants/k/source", Some(body))
+        .admin(Method::PUT, "/admin/v1/tenants/krestart/source", Some(body))
         .await;
     assert_eq!(s, 200, "{v}");
-    let mut ws = h.ws("k").await;
+    let mut ws = h.ws("krestart").await;
     ws.sub("e", 1).await;
-    // "latest": give the reader a moment to take its position before producing.
-    for _ in 0..50 {
-        let (_, v) = h
-            .admin(Method::GET, "/admin/v1/tenants/k/source", None)
-            .await;
-        if v["health"]["state"] == "live" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // "latest": the reader must have taken its position before we produce.
+    wait_live(&h, "krestart").await;
     produce(&producer, "events", "e", 1).await;
     assert_eq!(next_op(&mut ws, "msg", WAIT).await["data"]["n"], 1);
     drop(ws);
@@ -185,7 +191,7 @@ async fn kafka_resumes_after_restart_without_loss() {
     opts.config.data_dir = dir;
     opts.dir = stopped;
     let h = spawn_with(opts).await;
-    let mut ws = h.ws("k").await;
+    let mut ws = h.ws("krestart").await;
     // The reader resumes from its stored position: 2, 3, 4 are published
     // (into history if they beat this subscription), 1 is not repeated.
     ws.send(json!({"op":"sub","ch":"e","since":0,"id":1})).await;
@@ -200,5 +206,241 @@ async fn kafka_resumes_after_restart_without_loss() {
     assert_eq!(got, [2, 3, 4]);
     produce(&producer, "events", "e", 5).await;
     assert_eq!(next_op(&mut ws, "msg", WAIT).await["data"]["n"], 5);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn kafka_a_client_connecting_while_stalled_is_told_at_once() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("quotes", 2, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let h = spawn_host().await;
+    h.public_tenant("kstall").await;
+    let (s, v) = h
+        .admin(
+            Method::PUT,
+            "/admin/v1/tenants/kstall/source",
+            Some(json!({"kind":"kafka","brokers":brokers,"topics":["quotes"]})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    wait_live(&h, "kstall").await;
+    let mut early = h.ws("kstall").await;
+
+    let t = Instant::now();
+    cluster.broker_down(1).unwrap();
+    let st = next_op(&mut early, "status", STALLED_WITHIN).await;
+    assert_eq!(st["state"], "stalled", "{st}");
+    eprintln!("stalled {:?} after the broker went down", t.elapsed());
+
+    // A client connecting now is told before anything else, without asking.
+    let mut late = h.ws("kstall").await;
+    let first = tokio::time::timeout(Duration::from_millis(500), late.next())
+        .await
+        .expect("a frame right after connecting");
+    assert_eq!(
+        (
+            first["op"].as_str(),
+            first["source"].as_str(),
+            first["state"].as_str()
+        ),
+        (Some("status"), Some("kafka"), Some("stalled")),
+        "{first}"
+    );
+    assert_eq!(first["since_ms"], st["since_ms"], "the same stall: {first}");
+
+    cluster.broker_up(1).unwrap();
+    for ws in [&mut early, &mut late] {
+        let st = next_op(ws, "status", Duration::from_secs(10)).await;
+        assert_eq!(st["state"], "live", "{st}");
+    }
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn kafka_a_broker_that_stops_answering_is_stalled_within_2s() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("silent", 2, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let h = spawn_host().await;
+    h.public_tenant("ksilent").await;
+    let (s, v) = h
+        .admin(
+            Method::PUT,
+            "/admin/v1/tenants/ksilent/source",
+            Some(json!({"kind":"kafka","brokers":brokers,"topics":["silent"]})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    wait_live(&h, "ksilent").await;
+    let mut ws = h.ws("ksilent").await;
+
+    // Connected but silent: the connection stays open, no answer comes back
+    // (a network partition, a hung broker): no librdkafka error to wait for.
+    let t = Instant::now();
+    cluster
+        .broker_round_trip_time(1, Duration::from_secs(30))
+        .unwrap();
+    let st = next_op(&mut ws, "status", STALLED_WITHIN).await;
+    assert_eq!(st["state"], "stalled", "{st}");
+    eprintln!(
+        "stalled {:?} after the broker stopped answering",
+        t.elapsed()
+    );
+    cluster
+        .broker_round_trip_time(1, Duration::from_millis(0))
+        .unwrap();
+    let st = next_op(&mut ws, "status", Duration::from_secs(40)).await;
+    assert_eq!(st["state"], "live", "{st}");
+    eprintln!("live {:?} after it answered again", t.elapsed());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn kafka_options_reach_librdkafka_and_secrets_never_show() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("secure", 1, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let h = spawn_host().await;
+    h.public_tenant("kopts").await;
+    let put = |options: Value| {
+        let h = &h;
+        let body = json!({"kind":"kafka","brokers":brokers,"topics":["secure"],"options":options});
+        async move {
+            h.admin(Method::PUT, "/admin/v1/tenants/kopts/source", Some(body))
+                .await
+        }
+    };
+    let message = |v: &Value| {
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+
+    // What Herald owns is refused by name.
+    for name in [
+        "group.id",
+        "bootstrap.servers",
+        "enable.auto.commit",
+        "enable.auto.offset.store",
+    ] {
+        let (s, v) = put(json!({ name: "x" })).await;
+        assert_eq!(s, 400, "{name}: {v}");
+        assert!(message(&v).contains(&format!("\"{name}\"")), "{v}");
+    }
+    // librdkafka refuses what it does not know, and bad values, in its words.
+    let (s, v) = put(json!({"no.such.property": "1"})).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        message(&v).contains("No such configuration property"),
+        "{v}"
+    );
+    let (s, v) = put(json!({"security.protocol": "carrier_pigeon"})).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        message(&v).contains(
+            "Invalid value \"carrier_pigeon\" for configuration property \"security.protocol\""
+        ),
+        "{v}"
+    );
+    // The option changes how the client talks to the brokers: this mock
+    // broker speaks no SASL, so a SASL client never gets its metadata.
+    let (s, v) = put(
+        json!({"security.protocol":"SASL_PLAINTEXT","sasl.mechanism":"PLAIN",
+        "sasl.username":"u","sasl.password":"hunter2"}),
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(message(&v).contains("cannot reach the brokers"), "{v}");
+    assert!(!v.to_string().contains("hunter2"), "{v}");
+
+    // Accepted: secrets show as *** in the answer and in GET, the rest as given.
+    let (s, v) = put(json!({"client.id":"herald-kopts","sasl.username":"u",
+        "sasl.password":"hunter2","ssl.key.password":"pw2","session.timeout.ms":6000}))
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, got) = h
+        .admin(Method::GET, "/admin/v1/tenants/kopts/source", None)
+        .await;
+    for shown in [&v, &got] {
+        let o = &shown["source"]["options"];
+        assert_eq!(o["sasl.password"], "***", "{shown}");
+        assert_eq!(o["ssl.key.password"], "***", "{shown}");
+        assert_eq!(o["sasl.username"], "u", "{shown}");
+        assert_eq!(o["client.id"], "herald-kopts", "{shown}");
+        assert_eq!(o["session.timeout.ms"], "6000", "{shown}");
+        assert!(!shown.to_string().contains("hunter2"), "{shown}");
+    }
+    let got = wait_live(&h, "kopts").await;
+    assert_eq!(got["health"]["partitions"], 1, "{got}");
+    // Sending back what GET showed would store "***" as the password: refused.
+    let (s, v) = h
+        .admin(
+            Method::PUT,
+            "/admin/v1/tenants/kopts/source",
+            Some(got["source"].clone()),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(message(&v).contains("placeholder"), "{v}");
+    h.stop().await;
+}
+
+/// The reader may be busy for seconds with one batch (here a transform that
+/// runs to its deadline, on the reader's own runtime thread): the stall must
+/// not wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_a_slow_batch_does_not_delay_the_stall() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("slow", 1, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    let h = spawn_host().await;
+    h.tenant(json!({"id":"kslow","access":"public","limits":{"plugin_deadline_ms":3000}}))
+        .await;
+    h.install_plugin("kslow", "fixture_loop").await;
+    let (s, v) = h
+        .admin(
+            Method::PUT,
+            "/admin/v1/tenants/kslow/source",
+            Some(json!({"kind":"kafka","brokers":brokers,"topics":["slow"]})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    wait_live(&h, "kslow").await;
+    produce(&producer, "slow", "s", 1).await;
+    // The reader fetches the record within its fetch wait (50 ms) and holds
+    // it in the transform for 3 s. Nothing outside shows a batch in flight,
+    // so this one wait is a pause, well inside those 3 s.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let t = Instant::now();
+    cluster
+        .broker_round_trip_time(1, Duration::from_secs(30))
+        .unwrap();
+    loop {
+        let (_, v) = h
+            .admin(Method::GET, "/admin/v1/tenants/kslow/source", None)
+            .await;
+        if v["health"]["state"] == "stalled" {
+            break;
+        }
+        assert!(
+            t.elapsed() < STALLED_WITHIN,
+            "not stalled {:?} after the broker stopped answering: {v}",
+            t.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "stalled {:?} after the broker stopped answering",
+        t.elapsed()
+    );
+    cluster
+        .broker_round_trip_time(1, Duration::from_millis(0))
+        .unwrap();
     h.stop().await;
 }
