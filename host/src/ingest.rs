@@ -147,6 +147,9 @@ fn record(tenant: &Tenant, t: &Tally) {
     m.conflated.increment(t.queue_conflated);
     m.dropped.increment(t.dropped);
     m.disconnected.increment(t.disconnected);
+    if t.rebased > 0 {
+        tenant.source.lock().health.lock().rebased += t.rebased;
+    }
     for ch in &t.newly_rebased {
         tracing::warn!(tenant = %tenant.id, channel = %ch, "a source position behind the channel's (several Kafka partitions into one channel, or outbox rows committed out of id order) was published at the channel's next seq, which other nodes may number differently");
     }

@@ -134,6 +134,10 @@ pub struct Health {
     pub records: u64,
     pub errors: u64,
     pub last_error: Option<String>,
+    /// Messages published at the channel's next position because their
+    /// source position was behind it (ARCHITECTURE.md, "Positions"): several
+    /// Kafka partitions into one channel, or outbox rows out of id order.
+    pub rebased: u64,
     /// Outbox: rows already committed that wait behind a transaction still
     /// open (part of `lag`; delivered, in order, once it ends).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -160,6 +164,7 @@ impl Health {
             records: 0,
             errors: 0,
             last_error: None,
+            rebased: 0,
             held_back: None,
             oldest_open_xact_ms: None,
         }
