@@ -310,6 +310,24 @@ async fn slow_consumer_removals(t: &Target) -> anyhow::Result<u64> {
         .sum::<f64>() as u64)
 }
 
+/// The bench tenant's delivery counters, for a failed check to show where
+/// the records went.
+async fn tenant_counters(t: &Target) -> String {
+    let Ok(r) = HttpConn::new(t.addr)
+        .request("GET", "/metrics", None, b"")
+        .await
+    else {
+        return "(metrics unavailable)".into();
+    };
+    let label = format!("tenant=\"{TENANT}\"");
+    r.text()
+        .lines()
+        .filter(|l| l.starts_with("herald_") && l.contains(&label))
+        .map(|l| format!("  {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Sets the bench tenant's ingest source.
 async fn set_source(t: &Target, source: serde_json::Value) -> anyhow::Result<()> {
     let path = format!("/admin/v1/tenants/{TENANT}/source");
@@ -370,12 +388,17 @@ async fn kafka_run(
     let server_cpu = target.cpu_secs()? - cpu0;
     // Everything is published once the source has read it: what the policy
     // removed is final, and the subscriber has the rest to read.
-    let explained = slow_consumer_removals(&target).await?;
+    // The last batch may still be going through ingest when the positions
+    // reach the end: read what the policy removed until the subscriber has
+    // the rest, and once more for the verdict.
+    let mut explained = slow_consumer_removals(&target).await?;
     let until = Instant::now() + Duration::from_secs(10);
     while sub.count.load(Ordering::Relaxed) + explained < records && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(20)).await;
+        explained = slow_consumer_removals(&target).await?;
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
+    let explained = slow_consumer_removals(&target).await?;
     let delivered = sub.count.load(Ordering::Relaxed);
     sub.task.abort();
     let order = sub
@@ -383,7 +406,13 @@ async fn kafka_run(
         .lock()
         .expect("order lock")
         .verdict(records, explained);
-    let order = order.map_err(|e| anyhow::anyhow!("kafka ingest: {e}"))?;
+    let order = match order {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("the server's counters:\n{}", tenant_counters(&target).await);
+            bail!("kafka ingest: {e}")
+        }
+    };
     Ok(KafkaRun {
         records,
         wall_secs,
