@@ -298,16 +298,31 @@ fn find_u64(frame: &[u8], key: &str) -> Option<u64> {
 /// Messages the bench tenant's slow-consumer policy conflated or dropped: the
 /// only frames a subscriber may miss.
 async fn slow_consumer_removals(t: &Target) -> anyhow::Result<u64> {
-    let r = HttpConn::new(t.addr)
-        .request("GET", "/metrics", None, b"")
-        .await?;
     let label = format!("tenant=\"{TENANT}\"");
-    Ok(r.text()
-        .lines()
-        .filter(|l| l.starts_with("herald_slow_consumer_total{") && l.contains(&label))
-        .filter(|l| l.contains("action=\"conflated\"") || l.contains("action=\"dropped\""))
-        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
-        .sum::<f64>() as u64)
+    // Under load this client has been seen to get a /metrics body cut short
+    // (cause not found yet): a body without all three of the tenant's
+    // slow-consumer lines is fetched again rather than read as zero.
+    for _ in 0..20 {
+        let r = HttpConn::new(t.addr)
+            .request("GET", "/metrics", None, b"")
+            .await?;
+        let lines: Vec<f64> = r
+            .text()
+            .lines()
+            .filter(|l| l.starts_with("herald_slow_consumer_total{") && l.contains(&label))
+            .filter_map(|l| {
+                let v = l.rsplit_once(' ')?.1.trim().parse::<f64>().ok()?;
+                let counted =
+                    l.contains("action=\"conflated\"") || l.contains("action=\"dropped\"");
+                Some(if counted { v } else { 0.0 })
+            })
+            .collect();
+        if lines.len() == 3 {
+            return Ok(lines.iter().sum::<f64>() as u64);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("/metrics never listed the bench tenant's three slow-consumer counters")
 }
 
 /// The bench tenant's delivery counters, for a failed check to show where
@@ -392,7 +407,7 @@ async fn kafka_run(
     // reach the end: read what the policy removed until the subscriber has
     // the rest, and once more for the verdict.
     let mut explained = slow_consumer_removals(&target).await?;
-    let until = Instant::now() + Duration::from_secs(10);
+    let until = Instant::now() + Duration::from_secs(30);
     while sub.count.load(Ordering::Relaxed) + explained < records && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(20)).await;
         explained = slow_consumer_removals(&target).await?;

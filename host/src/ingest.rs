@@ -20,7 +20,6 @@ use crate::plugin::PluginError;
 use crate::proto::PayloadKind;
 use crate::registry::now_ms;
 use crate::tenant::Tenant;
-use std::collections::HashMap;
 
 /// What happened to one message of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,18 +37,19 @@ fn kind_of(payload: &[u8]) -> PayloadKind {
 }
 
 /// Consecutive outputs of one record to one channel, each for another
-/// audience, are variants of one message. Further messages of a record to a
-/// channel take the next index under the record's position, so they are
-/// told apart (and none is a "duplicate" of its sibling); a record that puts
-/// more than [`MESSAGES_PER_RECORD`] messages into one channel has the rest
-/// counted in `too_many`.
+/// audience, are variants of one message. A record's messages are numbered
+/// in output order (index 0, 1, … across its channels) under the record's
+/// position, so several messages of one record to one channel are told apart
+/// and none is a "duplicate" of its sibling; past [`MESSAGES_PER_RECORD`] the
+/// rest are counted in `too_many`.
 fn group<'a>(
     outputs: &'a Outputs,
     records: &[SourceRecord<'_>],
     too_many: &mut u64,
 ) -> Vec<Message<'a>> {
     let mut out: Vec<(u32, Message<'_>)> = Vec::with_capacity(outputs.len());
-    let mut next_index: HashMap<(u32, &str), u64> = HashMap::new();
+    // Messages so far per record: no hashing per message.
+    let mut next_index: Vec<u16> = Vec::new();
     for o in outputs.iter() {
         let v = Variant {
             payload: o.payload,
@@ -68,15 +68,18 @@ fn group<'a>(
                 let pos = records.get(o.source as usize).and_then(|r| r.position);
                 let at = match pos {
                     Some(pos) => {
-                        let index = next_index.entry((o.source, o.channel)).or_insert(0);
-                        if *index >= MESSAGES_PER_RECORD {
+                        if next_index.is_empty() {
+                            next_index = vec![0; records.len()];
+                        }
+                        let index = &mut next_index[o.source as usize];
+                        if u64::from(*index) >= MESSAGES_PER_RECORD {
                             *too_many += 1;
                             continue;
                         }
                         *index += 1;
                         Some(At {
                             pos,
-                            index: *index - 1,
+                            index: u64::from(*index - 1),
                         })
                     }
                     None => None,
@@ -187,7 +190,7 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
             let messages = group(o, records, &mut too_many);
             if too_many > 0 {
                 tenant.metrics.dead_letter("too_many_messages", too_many);
-                tracing::warn!(tenant = %tenant.id, dropped = too_many, "a record put more than {MESSAGES_PER_RECORD} messages into one channel; the rest are dead-lettered");
+                tracing::warn!(tenant = %tenant.id, dropped = too_many, "a record became more than {MESSAGES_PER_RECORD} messages; the rest are dead-lettered");
             }
             messages
         }

@@ -22,6 +22,7 @@ pub struct SourcePos {
     pub number: u64,
 }
 
-/// How many messages one record may put into one channel; message `i` of a
-/// record numbered `n` is published at `seq = n × MESSAGES_PER_RECORD + i`.
+/// How many messages one record may become (over all its channels); its
+/// message `i` (in the plugin's output order) of a record numbered `n` is
+/// published at `seq = n × MESSAGES_PER_RECORD + i`.
 pub const MESSAGES_PER_RECORD: u64 = 1000;
