@@ -11,18 +11,8 @@
 //! every message ends as exactly one [`Fate`].
 
 use super::conflate::{ConflationSettings, Conflator, Held, HeldVariant, Offer};
+pub use super::Message;
 use super::{At, Duplicate, HistoryLimits, Hub, PublishReport, Variant};
-
-/// A message ready to publish: one position, one or more audience variants,
-/// borrowed from the source records or the plugin's output buffer.
-#[derive(Debug, Clone)]
-pub struct Message<'a> {
-    pub channel: &'a str,
-    pub key: Option<&'a str>,
-    pub variants: Vec<Variant<'a>>,
-    /// Where the message sits in its source; `None` for HTTP publish.
-    pub at: Option<At>,
-}
 
 /// What became of one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +81,7 @@ fn publish(
     now: u64,
     tally: &mut Tally,
 ) -> Fate {
-    match hub.publish_at(m.channel, m.at, also, m.key, &m.variants, history, now) {
+    match hub.publish_at(m, also, history, now) {
         Ok((seq, report)) => {
             tally.count(m.channel, &report);
             Fate::Published {

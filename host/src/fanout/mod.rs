@@ -114,6 +114,17 @@ pub struct Variant<'a> {
     pub audience: Option<&'a str>,
 }
 
+/// A message ready to publish: one position, one or more audience variants,
+/// borrowed from the source records or the plugin's output buffer.
+#[derive(Debug, Clone)]
+pub struct Message<'a> {
+    pub channel: &'a str,
+    pub key: Option<&'a str>,
+    pub variants: Vec<Variant<'a>>,
+    /// Where the message sits in its source; `None` for HTTP publish.
+    pub at: Option<At>,
+}
+
 /// A message's place in its source: the record's position and which of the
 /// record's messages to this channel it is (0 for the first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -462,12 +473,17 @@ impl Hub {
         limits: HistoryLimits,
         now_ms: u64,
     ) -> (u64, PublishReport) {
-        let v = [Variant {
-            payload: msg.payload,
-            kind: msg.kind,
-            audience: None,
-        }];
-        self.publish_at(msg.ch, None, &[], msg.key, &v, limits, now_ms)
+        let m = Message {
+            channel: msg.ch,
+            key: msg.key,
+            variants: vec![Variant {
+                payload: msg.payload,
+                kind: msg.kind,
+                audience: None,
+            }],
+            at: None,
+        };
+        self.publish_at(&m, &[], limits, now_ms)
             .expect("a position the hub assigns is always new")
     }
 
@@ -479,21 +495,18 @@ impl Hub {
     /// conflation of several), marked as had.
     pub fn publish_at(
         &self,
-        ch: &str,
-        at: Option<At>,
+        m: &Message<'_>,
         also: &[At],
-        key: Option<&str>,
-        variants: &[Variant<'_>],
         limits: HistoryLimits,
         now_ms: u64,
     ) -> Result<(u64, PublishReport), Duplicate> {
-        let chan = self.channel(ch);
+        let chan = self.channel(m.channel);
         let mut c = chan.lock();
         let mut report = PublishReport::default();
-        let seq = c.position(at, also, &mut report)?;
-        let key: Option<Arc<str>> = key.map(Into::into);
-        let frames = c.encode(seq, key.as_ref(), variants, now_ms);
-        c.sent(seq, variants);
+        let seq = c.position(m.at, also, &mut report)?;
+        let key: Option<Arc<str>> = m.key.map(Into::into);
+        let frames = c.encode(seq, key.as_ref(), &m.variants, now_ms);
+        c.sent(seq, &m.variants);
         c.subscribers.retain(|_, s| {
             let Some(p) = pick(&frames, s.audience()) else {
                 return true;
@@ -617,6 +630,15 @@ mod tests {
         }
     }
 
+    fn msg<'a>(ch: &'a str, at: Option<At>, variants: &[Variant<'a>]) -> Message<'a> {
+        Message {
+            channel: ch,
+            key: None,
+            variants: variants.to_vec(),
+            at,
+        }
+    }
+
     fn session() -> Arc<SessionHandle> {
         SessionHandle::new(Wire::Ws, 1 << 20, SlowConsumer::DropOldest, None)
     }
@@ -679,13 +701,13 @@ mod tests {
                 audience: Some("basic"),
             },
         ];
-        let (seq, r) = hub.publish_at("c", None, &[], None, &v, LIMITS, 0).unwrap();
+        let (seq, r) = hub.publish_at(&msg("c", None, &v), &[], LIMITS, 0).unwrap();
         assert_eq!((seq, r.delivered), (1, 2));
         assert_eq!(msgs(&pro), [(1, 0)]);
         assert_eq!(msgs(&basic), [(1, 0)]);
         assert!(msgs(&anon).is_empty());
         // Replay gives each audience its own variant too.
-        hub.publish_at("c", None, &[], None, &v, LIMITS, 0).unwrap();
+        hub.publish_at(&msg("c", None, &v), &[], LIMITS, 0).unwrap();
         let late = session_of("basic");
         let r = hub.subscribe("c", &late, Some((0, None)), LIMITS, 0, |_, _| {});
         assert_eq!(r.replayed, 2);
@@ -711,11 +733,11 @@ mod tests {
             kind: PayloadKind::Json,
             audience: Some("pro"),
         }];
-        hub.publish_at("c", None, &[], None, &ONE, LIMITS, 0)
+        hub.publish_at(&msg("c", None, &ONE), &[], LIMITS, 0)
             .unwrap(); // 1: everyone
-        hub.publish_at("c", None, &[], None, &pro_only, LIMITS, 0)
+        hub.publish_at(&msg("c", None, &pro_only), &[], LIMITS, 0)
             .unwrap(); // 2: pro only
-        hub.publish_at("c", None, &[], None, &ONE, LIMITS, 0)
+        hub.publish_at(&msg("c", None, &ONE), &[], LIMITS, 0)
             .unwrap(); // 3: everyone
         assert_eq!(msgs(&pro), [(1, 0), (2, 1), (3, 2)]);
         assert_eq!(msgs(&basic), [(1, 0), (3, 1)]);
@@ -749,7 +771,7 @@ mod tests {
                 kind: PayloadKind::Json,
                 audience: Some(n),
             }];
-            hub.publish_at("c", None, &[], None, &v, LIMITS, 0).unwrap();
+            hub.publish_at(&msg("c", None, &v), &[], LIMITS, 0).unwrap();
         }
         let chan = hub.channel("c");
         let c = chan.lock();
@@ -778,7 +800,7 @@ mod tests {
             },
         ];
         for _ in 0..4 {
-            hub.publish_at("c", None, &[], None, &v, LIMITS, 0).unwrap();
+            hub.publish_at(&msg("c", None, &v), &[], LIMITS, 0).unwrap();
         }
         // Three positions kept, each with both variants.
         for s in [session_of("pro"), session()] {
@@ -811,7 +833,7 @@ mod tests {
         let s = session();
         hub.subscribe("a", &s, None, LIMITS, 0, |_, _| {});
         let p = |n, i| {
-            hub.publish_at("a", at(0, n, i), &[], None, &ONE, LIMITS, 0)
+            hub.publish_at(&msg("a", at(0, n, i), &ONE), &[], LIMITS, 0)
                 .map(|r| r.0)
         };
         assert_eq!(p(10, 0), Ok(10_000));
@@ -832,7 +854,7 @@ mod tests {
         let s = session();
         hub.subscribe("a", &s, None, LIMITS, 0, |_, _| {});
         let p = |st, n| {
-            hub.publish_at("a", at(st, n, 0), &[], None, &ONE, LIMITS, 0)
+            hub.publish_at(&msg("a", at(st, n, 0), &ONE), &[], LIMITS, 0)
                 .unwrap()
         };
         assert_eq!(p(0, 500).0, 500_000);
@@ -845,10 +867,10 @@ mod tests {
         assert_eq!(p(0, 501).0, 501_000);
         // A re-read of either stream is still a duplicate.
         assert!(hub
-            .publish_at("a", at(1, 4, 0), &[], None, &ONE, LIMITS, 0)
+            .publish_at(&msg("a", at(1, 4, 0), &ONE), &[], LIMITS, 0)
             .is_err());
         assert!(hub
-            .publish_at("a", at(0, 500, 0), &[], None, &ONE, LIMITS, 0)
+            .publish_at(&msg("a", at(0, 500, 0), &ONE), &[], LIMITS, 0)
             .is_err());
         // A new source starts with no marks: its first rows are not "seen".
         hub.new_source();
@@ -891,7 +913,7 @@ mod tests {
             ..LIMITS
         };
         for n in [7, 14, 20, 26] {
-            hub.publish_at("a", at(0, n, 0), &[], None, &ONE, limits, 0)
+            hub.publish_at(&msg("a", at(0, n, 0), &ONE), &[], limits, 0)
                 .unwrap();
         }
         // History holds 20 000 (prev 14 000) and 26 000.
