@@ -108,6 +108,17 @@ pub(crate) async fn set_source(h: &Host, tenant: &str, url: &str, table: &str) -
     .await
 }
 
+/// Points `tenant` at the outbox `table`, waits until it is live, and
+/// subscribes a client to `ch`.
+pub(crate) async fn subscribed(h: &Host, tenant: &str, url: &str, table: &str, ch: &str) -> Ws {
+    let (s, v) = set_source(h, tenant, url, table).await;
+    assert_eq!(s, 200, "{v}");
+    wait_live(h, tenant).await;
+    let mut ws = h.ws(tenant).await;
+    ws.sub(ch, 1).await;
+    ws
+}
+
 pub(crate) async fn wait_live(h: &Host, tenant: &str) {
     for _ in 0..100 {
         let (_, v) = h
@@ -274,10 +285,7 @@ async fn outbox_resumes_after_restart_without_loss_or_duplicates() {
     let (pool, table) = outbox_table(&url).await;
     let h = spawn_host().await;
     h.public_tenant("ob").await;
-    assert_eq!(set_source(&h, "ob", &url, &table).await.0, 200);
-    wait_live(&h, "ob").await;
-    let mut ws = h.ws("ob").await;
-    ws.sub("c", 1).await;
+    let mut ws = subscribed(&h, "ob", &url, &table, "c").await;
     let a = insert(&pool, &table, "c", json!(1)).await;
     let b = insert(&pool, &table, "c", json!(2)).await;
     let got = msgs(&mut ws, 2).await;
@@ -376,10 +384,7 @@ async fn outbox_outage_is_pushed_as_stalled_then_live() {
 
     let h = spawn_host().await;
     h.public_tenant("ob").await;
-    assert_eq!(set_source(&h, "ob", &via_proxy, &table).await.0, 200);
-    wait_live(&h, "ob").await;
-    let mut ws = h.ws("ob").await;
-    ws.sub("c", 1).await;
+    let mut ws = subscribed(&h, "ob", &via_proxy, &table, "c").await;
     let first = insert(&pool, &table, "c", json!("before")).await;
     assert_eq!(msgs(&mut ws, 1).await[0]["seq"].as_i64(), Some(seq(first)));
 
@@ -544,10 +549,7 @@ async fn outbox_postgres_restart_is_pushed_as_stalled_then_live() {
     let (pool, table) = outbox_table(&url).await;
     let h = spawn_host().await;
     h.public_tenant("ob").await;
-    assert_eq!(set_source(&h, "ob", &url, &table).await.0, 200);
-    wait_live(&h, "ob").await;
-    let mut ws = h.ws("ob").await;
-    ws.sub("c", 1).await;
+    let mut ws = subscribed(&h, "ob", &url, &table, "c").await;
     let first = insert(&pool, &table, "c", json!("before")).await;
     assert_eq!(msgs(&mut ws, 1).await[0]["seq"].as_i64(), Some(seq(first)));
     pool.close().await;

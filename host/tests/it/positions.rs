@@ -5,7 +5,7 @@
 
 use crate::helpers::*;
 use crate::kafka::produce;
-use crate::outbox::{msgs, outbox_table, pg_url, set_source, wait_live};
+use crate::outbox::{msgs, outbox_table, pg_url, set_source, subscribed, wait_live};
 use rdkafka::config::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::FutureProducer;
@@ -57,10 +57,7 @@ async fn outbox_window_keeps_every_key_in_order() {
     let h = spawn_host().await;
     h.tenant(json!({"id":"pos-win","access":"public","conflation":{"window_ms":400}}))
         .await;
-    assert_eq!(set_source(&h, "pos-win", &url, &table).await.0, 200);
-    wait_live(&h, "pos-win").await;
-    let mut ws = h.ws("pos-win").await;
-    ws.sub("q", 1).await;
+    let mut ws = subscribed(&h, "pos-win", &url, &table, "q").await;
     let mut tx = pool.begin().await.unwrap();
     for (key, v) in [("A", 1), ("B", 2), ("A", 3)] {
         sqlx::query(&format!(
@@ -98,10 +95,7 @@ async fn one_row_two_messages_to_one_channel() {
     let h = spawn_host().await;
     h.public_tenant("pos-twice").await;
     h.install_plugin("pos-twice", "fixture_twice").await;
-    assert_eq!(set_source(&h, "pos-twice", &url, &table).await.0, 200);
-    wait_live(&h, "pos-twice").await;
-    let mut ws = h.ws("pos-twice").await;
-    ws.sub("q", 1).await;
+    let mut ws = subscribed(&h, "pos-twice", &url, &table, "q").await;
     let a = insert(&pool, &table, "q", None, json!(1)).await;
     let b = insert(&pool, &table, "q", None, json!(2)).await;
     let got = msgs(&mut ws, 4).await;
@@ -137,10 +131,7 @@ async fn http_publish_beside_a_source_is_refused_and_a_new_source_is_not_a_dupli
     let (pool2, second) = outbox_table(&url).await;
     let h = spawn_host().await;
     let key = h.public_tenant("pos-src").await;
-    assert_eq!(set_source(&h, "pos-src", &url, &first).await.0, 200);
-    wait_live(&h, "pos-src").await;
-    let mut ws = h.ws("pos-src").await;
-    ws.sub("q", 1).await;
+    let mut ws = subscribed(&h, "pos-src", &url, &first, "q").await;
     let (s, v) = h
         .publish("pos-src", &key, json!({"ch":"q","data":{"http":1}}))
         .await;
@@ -192,10 +183,7 @@ async fn resume_with_sparse_positions_has_no_spurious_gap() {
     let h = spawn_host().await;
     h.tenant(json!({"id":"pos-sparse","access":"public","limits":{"history_size":2}}))
         .await;
-    assert_eq!(set_source(&h, "pos-sparse", &url, &table).await.0, 200);
-    wait_live(&h, "pos-sparse").await;
-    let mut ws = h.ws("pos-sparse").await;
-    ws.sub("q", 1).await;
+    let mut ws = subscribed(&h, "pos-sparse", &url, &table, "q").await;
     // Rows for another channel in between make q's positions sparse.
     let mut ids = Vec::new();
     for i in 0..3 {

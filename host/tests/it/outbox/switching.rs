@@ -65,10 +65,7 @@ async fn outbox_cursor_is_kept_per_database() {
 
     let h = spawn_host().await;
     h.public_tenant("ob-dbs").await;
-    assert_eq!(set_source(&h, "ob-dbs", &url_a, &table).await.0, 200);
-    wait_live(&h, "ob-dbs").await;
-    let mut ws = h.ws("ob-dbs").await;
-    ws.sub("a", 1).await;
+    let mut ws = subscribed(&h, "ob-dbs", &url_a, &table, "a").await;
     ws.sub("b", 2).await;
     let a1 = insert(&pool_a, &table, "a", json!("a1")).await;
     assert_eq!(msgs(&mut ws, 1).await[0]["data"], "a1");

@@ -39,10 +39,7 @@ async fn outbox_delivers_a_slow_transaction_first_and_shows_it_as_lag() {
     let (pool, table) = outbox_table(&url).await;
     let h = spawn_host().await;
     h.public_tenant("ob-slow").await;
-    assert_eq!(set_source(&h, "ob-slow", &url, &table).await.0, 200);
-    wait_live(&h, "ob-slow").await;
-    let mut ws = h.ws("ob-slow").await;
-    ws.sub("c", 1).await;
+    let mut ws = subscribed(&h, "ob-slow", &url, &table, "c").await;
 
     // Transaction ids cross a digit boundary here (…999 → …1000): the order
     // is numeric, never textual.
@@ -127,10 +124,7 @@ async fn outbox_rollback_holds_nothing_back_once_it_is_over() {
     let (pool, table) = outbox_table(&url).await;
     let h = spawn_host().await;
     h.public_tenant("ob-rb").await;
-    assert_eq!(set_source(&h, "ob-rb", &url, &table).await.0, 200);
-    wait_live(&h, "ob-rb").await;
-    let mut ws = h.ws("ob-rb").await;
-    ws.sub("c", 1).await;
+    let mut ws = subscribed(&h, "ob-rb", &url, &table, "c").await;
 
     let mut doomed = pool.begin().await.unwrap();
     sqlx::query(&format!(
@@ -280,10 +274,7 @@ async fn outbox_delivers_rows_whose_id_order_and_transaction_order_differ() {
     let (pool, table) = outbox_table(&url).await;
     let h = spawn_host().await;
     h.public_tenant("ob-order").await;
-    assert_eq!(set_source(&h, "ob-order", &url, &table).await.0, 200);
-    wait_live(&h, "ob-order").await;
-    let mut ws = h.ws("ob-order").await;
-    ws.sub("c", 1).await;
+    let mut ws = subscribed(&h, "ob-order", &url, &table, "c").await;
 
     let mut older = pool.begin().await.unwrap();
     let _: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text")
