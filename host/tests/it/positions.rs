@@ -340,7 +340,24 @@ async fn kafka_rereads_are_duplicates() {
         produce(&producer, "pos-ticks", "t", n).await;
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    // The failed save reconnects the reader, which reads 3.. again.
+    // The failed save turns the reader over; it cannot reconnect (a new
+    // connection stores its positions first) until saves work again.
+    let source = format!("/admin/v1/tenants/{tenant}/source");
+    let deadline = Instant::now() + WAIT;
+    while h.admin(Method::GET, &source, None).await.1["health"]["state"] != "stalled" {
+        assert!(
+            Instant::now() < deadline,
+            "a failing position save never showed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sqlx::raw_sql(&format!(
+        "DROP TRIGGER {fail} ON ingest_cursors; DROP FUNCTION {fail}();"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Back on its stored positions, the reader reads 3.. again.
     let deadline = Instant::now() + WAIT;
     while h
         .metric(&format!(
@@ -355,12 +372,6 @@ async fn kafka_rereads_are_duplicates() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    sqlx::raw_sql(&format!(
-        "DROP TRIGGER {fail} ON ingest_cursors; DROP FUNCTION {fail}();"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
     produce(&producer, "pos-ticks", "t", 6).await;
     let mut rest = Vec::new();
     while rest.last().is_none_or(|m: &Value| m["data"]["n"] != 6) {
