@@ -204,6 +204,21 @@ impl Conflator {
         (Offer::Held, None)
     }
 
+    /// Per stream, the lowest source order a held entry waits to publish:
+    /// a source must not store its position past it, or a crash loses the
+    /// held message (re-reading it is a duplicate at worst).
+    pub fn lowest_held(&self) -> Vec<(u32, (u64, u64))> {
+        let mut lowest: Vec<(u32, (u64, u64))> = Vec::new();
+        for (_, h) in self.channels.values().flat_map(|w| w.values()) {
+            let Some(at) = h.at else { continue };
+            match lowest.iter_mut().find(|(s, _)| *s == at.pos.stream) {
+                Some((_, o)) => *o = (*o).min(at.pos.order),
+                None => lowest.push((at.pos.stream, at.pos.order)),
+            }
+        }
+        lowest
+    }
+
     /// True when `channel` has held messages.
     pub fn holds(&self, channel: &str) -> bool {
         self.channels.contains_key(channel)
@@ -284,6 +299,36 @@ mod tests {
             c.offer(tick("A", i), &mut sum);
         }
         assert_eq!(c.drain()[0].variants[0].payload, b"10");
+    }
+
+    #[test]
+    fn lowest_held_per_stream() {
+        let mut c = Conflator::default();
+        let at = |stream, n| {
+            Some(At {
+                pos: crate::fanout::position::SourcePos {
+                    stream,
+                    order: (n, n),
+                    number: n,
+                },
+                index: 0,
+            })
+        };
+        for (key, stream, n) in [("A", 0, 7), ("B", 0, 5), ("A", 0, 9), ("C", 1, 3)] {
+            c.offer(
+                Held {
+                    at: at(stream, n),
+                    ..tick(key, 1)
+                },
+                latest,
+            );
+        }
+        let mut l = c.lowest_held();
+        l.sort();
+        // A moved on to 9, so 5 (B) is stream 0's lowest.
+        assert_eq!(l, [(0, (5, 5)), (1, (3, 3))]);
+        c.drain();
+        assert!(c.lowest_held().is_empty());
     }
 
     #[test]

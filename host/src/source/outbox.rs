@@ -567,6 +567,26 @@ impl Reader {
 
     /// Publishes a batch through ingest, then stores the cursor past it.
     /// Not cut short by a stop: a batch handed to ingest is finished.
+    /// The cursor to store: `last`, or just before the lowest row a
+    /// conflation window still holds, so a crash re-reads it rather than
+    /// losing it (the rows between are duplicates then). A take-over cursor
+    /// (`legacy`) is stored as it is.
+    fn held_back(&self, last: Cursor) -> Cursor {
+        let lowest = self.tenant.conflator.lock().lowest_held();
+        match lowest.iter().find(|(stream, _)| *stream == 0) {
+            Some(&(_, (xid, id)))
+                if last.legacy.is_none() && (xid, id as i64) <= (last.xid, last.id) =>
+            {
+                Cursor {
+                    xid,
+                    id: id as i64 - 1,
+                    legacy: None,
+                }
+            }
+            _ => last,
+        }
+    }
+
     async fn deliver(
         &self,
         rows: Vec<OutboxRow>,
@@ -604,7 +624,7 @@ impl Reader {
             tracing::warn!(tenant = %self.tenant.id, kind = e.kind(), first, last = last.id, "outbox batch dead-lettered");
         }
         self.tenant.metrics.source_records.increment(n);
-        self.store_cursor(key, &last).await?;
+        self.store_cursor(key, &self.held_back(last)).await?;
         {
             let mut h = self.health.lock();
             h.records += n;
