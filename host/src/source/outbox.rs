@@ -49,9 +49,15 @@ pub const NOTIFY_CHANNEL: &str = "herald_outbox";
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Rows counted for `lag` and `held_back` at most (a longer backlog shows as this).
 const COUNT_CAP: i64 = 100_000;
-/// First re-check while rows are held back, doubling up to the poll interval:
-/// a rollback sends no NOTIFY, and a short transaction should cost little delay.
-const HOLD_RECHECK: Duration = Duration::from_millis(20);
+/// First re-check while rows are held back, doubling up to [`HOLD_RECHECK_MAX`]
+/// (then the poll interval): a rollback sends no NOTIFY, and a short
+/// transaction (most are: rows wait only for older inserts still committing)
+/// should cost little delay.
+const HOLD_RECHECK: Duration = Duration::from_millis(2);
+const HOLD_RECHECK_MAX: Duration = Duration::from_millis(50);
+/// How often the backlog (lag, held back, oldest open transaction) is
+/// counted while rows flow; every idle wake-up counts it too.
+const STATS_EVERY: Duration = Duration::from_millis(250);
 
 /// Why an outbox cannot be used; the admin API answers with it.
 #[derive(Debug, thiserror::Error)]
@@ -368,6 +374,8 @@ impl Reader {
         let mut last_progress = Instant::now();
         let mut held_since: Option<Instant> = None;
         let mut recheck = HOLD_RECHECK;
+        let mut stats_at = Instant::now() - STATS_EVERY;
+        let mut held_before = false;
         loop {
             let rows = self
                 .or_stop(async {
@@ -396,6 +404,24 @@ impl Reader {
                     continue;
                 }
             }
+            // The backlog query (counts, pg_stat_activity) costs milliseconds:
+            // while rows flow it runs a few times a second, not per batch.
+            if read > 0 && stats_at.elapsed() < STATS_EVERY {
+                let wait = if held_before {
+                    recheck.min(self.poll)
+                } else {
+                    self.poll
+                };
+                tokio::select! {
+                    _ = self.stop.cancelled() => return Ok(()),
+                    n = listener.recv() => {
+                        n.map_err(connect_err)?;
+                    }
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                continue;
+            }
+            stats_at = Instant::now();
             let backlog = self
                 .or_stop(async {
                     let r = Sql::bind(&sql.stats, &cursor, COUNT_CAP)
@@ -414,11 +440,12 @@ impl Reader {
                 })
                 .await?;
             self.report(&backlog, &cursor, last_progress, &mut held_since);
+            held_before = backlog.held > 0;
             // While rows are held back, look again soon (a rollback sends no
             // NOTIFY), less often the longer the transaction stays open.
             let wait = if backlog.held > 0 {
                 let w = recheck.min(self.poll);
-                recheck = (recheck * 2).min(self.poll);
+                recheck = (recheck * 2).min(HOLD_RECHECK_MAX.min(self.poll));
                 w
             } else {
                 recheck = HOLD_RECHECK;
