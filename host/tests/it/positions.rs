@@ -447,35 +447,114 @@ async fn kafka_partitions_into_one_channel_are_visible_not_lost() {
     h.stop().await;
 }
 
-/// A `herald serve` process of its own on `dir`, ready to serve.
-async fn herald_process(dir: &std::path::Path) -> (tokio::process::Child, u16) {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--admin-token",
-            ADMIN,
-            "--log",
-            "warn",
-        ])
-        .arg("--data-dir")
-        .arg(dir)
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let ready = format!("http://127.0.0.1:{port}/readyz");
-    let deadline = Instant::now() + WAIT;
-    while !reqwest::get(&ready).await.is_ok_and(|r| r.status() == 200) {
-        assert!(Instant::now() < deadline, "herald did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+/// A `herald serve` process of its own, to kill without a word.
+struct Process {
+    child: tokio::process::Child,
+    port: u16,
+    http: reqwest::Client,
+}
+
+impl Process {
+    /// Starts one on `dir` and waits until it is ready.
+    async fn start(dir: &std::path::Path) -> Process {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--admin-token",
+                ADMIN,
+                "--log",
+                "warn",
+            ])
+            .arg("--data-dir")
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let ready = format!("http://127.0.0.1:{port}/readyz");
+        let deadline = Instant::now() + WAIT;
+        while !reqwest::get(&ready).await.is_ok_and(|r| r.status() == 200) {
+            assert!(Instant::now() < deadline, "herald did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Process {
+            child,
+            port,
+            http: reqwest::Client::new(),
+        }
     }
-    (child, port)
+
+    async fn admin(&self, method: Method, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .http
+            .request(method, format!("http://127.0.0.1:{}{path}", self.port))
+            .bearer_auth(ADMIN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// A public tenant with a 4 s window, reading from `source`, live.
+    async fn windowed_tenant(&self, id: &str, source: Value) {
+        let body = json!({"id":id,"access":"public","conflation":{"window_ms":4000}});
+        assert_eq!(
+            self.admin(Method::POST, "/admin/v1/tenants", body).await.0,
+            201
+        );
+        let path = format!("/admin/v1/tenants/{id}/source");
+        let (s, v) = self.admin(Method::PUT, &path, source).await;
+        assert_eq!(s, 200, "{v}");
+        self.wait_health(id, |h| h["state"] == "live", "the source never went live")
+            .await;
+    }
+
+    async fn wait_health(&self, id: &str, done: impl Fn(&Value) -> bool, what: &str) {
+        let path = format!("/admin/v1/tenants/{id}/source");
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let h = self.admin(Method::GET, &path, json!({})).await.1["health"].clone();
+            if done(&h) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: {h}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn read(&self, id: &str, records: u64) {
+        self.wait_health(
+            id,
+            |h| h["records"].as_u64() >= Some(records),
+            "records never read",
+        )
+        .await;
+    }
+
+    async fn kill(mut self) {
+        let pid = self.child.id().unwrap().to_string();
+        assert!(std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .unwrap()
+            .success());
+        self.child.wait().await.unwrap();
+    }
+
+    async fn subscriber(&self, tenant: &str, ch: &str) -> Ws {
+        let url = format!("ws://127.0.0.1:{}/v1/t/{tenant}/ws", self.port);
+        let (s, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        let mut ws = Ws { s };
+        ws.sub(ch, 1).await;
+        ws
+    }
 }
 
 /// A crash loses nothing a conflation window held: the outbox cursor stored
@@ -485,63 +564,17 @@ async fn a_crash_loses_no_held_message() {
     let Some(url) = pg_url() else { return };
     let (pool, table) = outbox_table(&url).await;
     let dir = tempfile::tempdir().unwrap();
-    let (mut first, port) = herald_process(dir.path()).await;
-    let http = reqwest::Client::new();
-    let admin = |method: Method, path: &str, body: Value| {
-        http.request(method, format!("http://127.0.0.1:{port}{path}"))
-            .bearer_auth(ADMIN)
-            .json(&body)
-            .send()
-    };
-    let r = admin(
-        Method::POST,
-        "/admin/v1/tenants",
-        json!({"id":"pos-crash","access":"public","conflation":{"window_ms":4000}}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status(), 201);
-    let body = json!({"kind":"postgres_outbox","database_url":url,"table":table,"poll_ms":100});
-    let r = admin(Method::PUT, "/admin/v1/tenants/pos-crash/source", body)
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    let health = || async {
-        let r = admin(Method::GET, "/admin/v1/tenants/pos-crash/source", json!({})).await;
-        r.unwrap().json::<Value>().await.unwrap()["health"].clone()
-    };
-    let deadline = Instant::now() + WAIT;
-    while health().await["state"] != "live" {
-        assert!(Instant::now() < deadline, "the source never went live");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let first = Process::start(dir.path()).await;
+    let source = json!({"kind":"postgres_outbox","database_url":url,"table":table,"poll_ms":100});
+    first.windowed_tenant("pos-crash", source).await;
     // The rows are read and held in the 4 s window…
     let a = insert(&pool, &table, "q", Some("A"), json!({"v":1})).await;
     let b = insert(&pool, &table, "q", Some("B"), json!({"v":2})).await;
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let v = health().await;
-        if v["records"].as_u64() >= Some(2) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the rows were never read: {v}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    first.read("pos-crash", 2).await;
     // …when the node dies without a word.
-    let pid = first.id().unwrap().to_string();
-    assert!(std::process::Command::new("kill")
-        .args(["-KILL", &pid])
-        .status()
-        .unwrap()
-        .success());
-    first.wait().await.unwrap();
-    let (_second, port) = herald_process(dir.path()).await;
-    let (mut ws, _) =
-        tokio_tungstenite::connect_async(format!("ws://127.0.0.1:{port}/v1/t/pos-crash/ws"))
-            .await
-            .map(|(s, r)| (Ws { s }, r))
-            .unwrap();
-    ws.sub("q", 1).await;
+    first.kill().await;
+    let second = Process::start(dir.path()).await;
+    let mut ws = second.subscriber("pos-crash", "q").await;
     let got = msgs(&mut ws, 2).await;
     assert_eq!(data(&got), [json!({"v":1}), json!({"v":2})]);
     assert_eq!(
@@ -564,67 +597,21 @@ async fn a_crash_loses_no_held_kafka_record() {
         .create()
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (mut first, port) = herald_process(dir.path()).await;
-    let http = reqwest::Client::new();
-    let admin = |method: Method, path: &str, body: Value| {
-        http.request(method, format!("http://127.0.0.1:{port}{path}"))
-            .bearer_auth(ADMIN)
-            .json(&body)
-            .send()
-    };
-    let r = admin(
-        Method::POST,
-        "/admin/v1/tenants",
-        json!({"id":"pos-kcrash","access":"public","conflation":{"window_ms":4000}}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status(), 201);
-    let body = json!({"kind":"kafka","brokers":brokers,"topics":["pos-crash"],"start":"earliest"});
-    let r = admin(Method::PUT, "/admin/v1/tenants/pos-kcrash/source", body)
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    let records = || async {
-        let r = admin(
-            Method::GET,
-            "/admin/v1/tenants/pos-kcrash/source",
-            json!({}),
-        )
-        .await;
-        r.unwrap().json::<Value>().await.unwrap()["health"]["records"]
-            .as_u64()
-            .unwrap_or(0)
-    };
-    let read = |n: u64| async move {
-        let deadline = Instant::now() + WAIT;
-        while records().await < n {
-            assert!(Instant::now() < deadline, "record {n} was never read");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
+    let first = Process::start(dir.path()).await;
+    let source =
+        json!({"kind":"kafka","brokers":brokers,"topics":["pos-crash"],"start":"earliest"});
+    first.windowed_tenant("pos-kcrash", source).await;
     for n in 0..2 {
         produce(&producer, "pos-crash", "q", n).await;
     }
-    read(2).await;
+    first.read("pos-kcrash", 2).await;
     // A later batch stores the positions (at most every 200 ms).
     tokio::time::sleep(Duration::from_millis(300)).await;
     produce(&producer, "pos-crash", "q", 2).await;
-    read(3).await;
-    let pid = first.id().unwrap().to_string();
-    assert!(std::process::Command::new("kill")
-        .args(["-KILL", &pid])
-        .status()
-        .unwrap()
-        .success());
-    first.wait().await.unwrap();
-    let (_second, port) = herald_process(dir.path()).await;
-    let (s, _) =
-        tokio_tungstenite::connect_async(format!("ws://127.0.0.1:{port}/v1/t/pos-kcrash/ws"))
-            .await
-            .unwrap();
-    let mut ws = Ws { s };
-    ws.sub("q", 1).await;
+    first.read("pos-kcrash", 3).await;
+    first.kill().await;
+    let second = Process::start(dir.path()).await;
+    let mut ws = second.subscriber("pos-kcrash", "q").await;
     let got = msgs(&mut ws, 3).await;
     let ns: Vec<u64> = got
         .iter()
