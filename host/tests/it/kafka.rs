@@ -52,6 +52,33 @@ async fn wait_live(h: &Host, tenant: &str) -> Value {
     }
 }
 
+/// A host whose public `tenant` reads `topic` (of `partitions`) on a mock
+/// cluster of its own, live.
+async fn live_kafka_tenant(
+    topic: &str,
+    partitions: i32,
+    tenant: &str,
+) -> (
+    MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    Host,
+) {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(topic, partitions, 1).unwrap();
+    let h = spawn_host().await;
+    h.public_tenant(tenant).await;
+    let source = json!({"kind":"kafka","brokers":cluster.bootstrap_servers(),"topics":[topic]});
+    let (s, v) = h
+        .admin(
+            Method::PUT,
+            &format!("/admin/v1/tenants/{tenant}/source"),
+            Some(source),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    wait_live(&h, tenant).await;
+    (cluster, h)
+}
+
 #[tokio::test]
 async fn kafka_records_flow_and_a_broker_outage_is_pushed() {
     let cluster = MockCluster::new(1).unwrap();
@@ -211,20 +238,7 @@ async fn kafka_resumes_after_restart_without_loss() {
 
 #[tokio::test]
 async fn kafka_a_client_connecting_while_stalled_is_told_at_once() {
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic("quotes", 2, 1).unwrap();
-    let brokers = cluster.bootstrap_servers();
-    let h = spawn_host().await;
-    h.public_tenant("kstall").await;
-    let (s, v) = h
-        .admin(
-            Method::PUT,
-            "/admin/v1/tenants/kstall/source",
-            Some(json!({"kind":"kafka","brokers":brokers,"topics":["quotes"]})),
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
-    wait_live(&h, "kstall").await;
+    let (cluster, h) = live_kafka_tenant("quotes", 2, "kstall").await;
     let mut early = h.ws("kstall").await;
 
     let t = Instant::now();
@@ -259,20 +273,7 @@ async fn kafka_a_client_connecting_while_stalled_is_told_at_once() {
 
 #[tokio::test]
 async fn kafka_a_broker_that_stops_answering_is_stalled_within_2s() {
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic("silent", 2, 1).unwrap();
-    let brokers = cluster.bootstrap_servers();
-    let h = spawn_host().await;
-    h.public_tenant("ksilent").await;
-    let (s, v) = h
-        .admin(
-            Method::PUT,
-            "/admin/v1/tenants/ksilent/source",
-            Some(json!({"kind":"kafka","brokers":brokers,"topics":["silent"]})),
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
-    wait_live(&h, "ksilent").await;
+    let (cluster, h) = live_kafka_tenant("silent", 2, "ksilent").await;
     let mut ws = h.ws("ksilent").await;
 
     // Connected but silent: the connection stays open, no answer comes back
