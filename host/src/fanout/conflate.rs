@@ -219,11 +219,6 @@ impl Conflator {
         lowest
     }
 
-    /// True when `channel` has held messages.
-    pub fn holds(&self, channel: &str) -> bool {
-        self.channels.contains_key(channel)
-    }
-
     /// Everything `channel` holds, in arrival order.
     pub fn take_channel(&mut self, channel: &str) -> Vec<Held> {
         let Some(w) = self.channels.remove(channel) else {

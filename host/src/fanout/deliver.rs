@@ -124,10 +124,8 @@ fn flush_channel(
     now: u64,
     tally: &mut Tally,
 ) {
-    if pending.holds(channel) {
-        for h in pending.take_channel(channel) {
-            publish_held(hub, &h, history, now, tally);
-        }
+    for h in pending.take_channel(channel) {
+        publish_held(hub, &h, history, now, tally);
     }
 }
 
@@ -214,11 +212,22 @@ mod tests {
         max_age_ms: 60_000,
     };
 
-    fn window() -> ConflationSettings {
-        ConflationSettings {
+    /// Delivers `batch` through a 100 ms window on every channel.
+    fn windowed(
+        hub: &Hub,
+        pending: &mut Conflator,
+        batch: Vec<Message<'_>>,
+        tally: &mut Tally,
+    ) -> Vec<Fate> {
+        let settings = ConflationSettings {
             window_ms: 100,
             channels: vec![],
-        }
+        };
+        let w = Window {
+            pending,
+            settings: &settings,
+        };
+        deliver(hub, Some(w), batch, H, 0, latest, tally)
     }
 
     fn m<'a>(key: Option<&'a str>, n: u64, payload: &'a [u8]) -> Message<'a> {
@@ -271,18 +280,13 @@ mod tests {
     fn a_window_collapses_without_reordering() {
         let (hub, s) = setup();
         let mut pending = Conflator::default();
-        let settings = window();
         let mut tally = Tally::default();
         let batch = vec![
             m(Some("A"), 10, b"1"),
             m(Some("B"), 11, b"2"),
             m(Some("A"), 12, b"3"),
         ];
-        let w = Window {
-            pending: &mut pending,
-            settings: &settings,
-        };
-        let fates = deliver(&hub, Some(w), batch, H, 0, latest, &mut tally);
+        let fates = windowed(&hub, &mut pending, batch, &mut tally);
         assert_eq!(fates, [Fate::Held; 3]);
         assert_eq!(flush(&hub, &mut pending, H, 0, &mut tally), 2);
         assert_eq!(
@@ -301,18 +305,13 @@ mod tests {
     fn an_unkeyed_message_publishes_its_channel_first() {
         let (hub, s) = setup();
         let mut pending = Conflator::default();
-        let settings = window();
         let mut tally = Tally::default();
         let batch = vec![
             m(Some("A"), 10, b"1"),
             m(None, 11, b"2"),
             m(Some("A"), 12, b"3"),
         ];
-        let w = Window {
-            pending: &mut pending,
-            settings: &settings,
-        };
-        deliver(&hub, Some(w), batch, H, 0, latest, &mut tally);
+        windowed(&hub, &mut pending, batch, &mut tally);
         flush(&hub, &mut pending, H, 0, &mut tally);
         assert_eq!(
             got(&s),
@@ -331,18 +330,13 @@ mod tests {
     fn a_full_window_publishes_in_order() {
         let (hub, s) = setup();
         let mut pending = Conflator::with_max(2);
-        let settings = window();
         let mut tally = Tally::default();
         let batch = vec![
             m(Some("A"), 10, b"1"),
             m(Some("B"), 11, b"2"),
             m(Some("C"), 12, b"3"),
         ];
-        let w = Window {
-            pending: &mut pending,
-            settings: &settings,
-        };
-        let fates = deliver(&hub, Some(w), batch, H, 0, latest, &mut tally);
+        let fates = windowed(&hub, &mut pending, batch, &mut tally);
         assert_eq!(
             fates[2],
             Fate::Published {
@@ -363,18 +357,13 @@ mod tests {
     fn a_reread_in_the_window_is_a_duplicate() {
         let (hub, s) = setup();
         let mut pending = Conflator::default();
-        let settings = window();
         let mut tally = Tally::default();
-        let w = Window {
-            pending: &mut pending,
-            settings: &settings,
-        };
         let batch = vec![
             m(Some("A"), 10, b"1"),
             m(Some("A"), 12, b"3"),
             m(Some("A"), 10, b"1"),
         ];
-        let fates = deliver(&hub, Some(w), batch, H, 0, latest, &mut tally);
+        let fates = windowed(&hub, &mut pending, batch, &mut tally);
         assert_eq!(fates[2], Fate::Duplicate);
         flush(&hub, &mut pending, H, 0, &mut tally);
         assert_eq!(got(&s), [(12_000, 0, "3".into())]);

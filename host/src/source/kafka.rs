@@ -461,28 +461,20 @@ impl Reader {
     /// The positions to store: each partition's, or the offset of the lowest
     /// record a conflation window still holds from it, so a crash re-reads
     /// that record rather than losing it.
-    fn held_back(&self, encoded: &str) -> String {
+    fn held_back(&self, link: &Link) -> String {
         let lowest = self.tenant.conflator.lock().lowest_held();
+        let p = link.partitions.lock();
         if lowest.is_empty() {
-            return encoded.to_string();
+            return p.encoded();
         }
-        let Ok(mut positions) = serde_json::from_str::<BTreeMap<String, i64>>(encoded) else {
-            return encoded.to_string();
-        };
-        for (key, next) in positions.iter_mut() {
-            let Some((topic, partition)) = key.rsplit_once(':') else {
-                continue;
-            };
-            let Ok(partition) = partition.parse::<i32>() else {
-                continue;
-            };
+        p.encoded_capped(|topic, partition| {
             let stream = stream_id(&self.topics, topic, partition);
-            if let Some(&(_, (order, _))) = lowest.iter().find(|(s, _)| *s == stream) {
-                // order is offset + 1: store the held record's own offset.
-                *next = (*next).min(order as i64 - 1);
-            }
-        }
-        serde_json::to_string(&positions).unwrap_or_else(|_| encoded.to_string())
+            // order is offset + 1: store the held record's own offset.
+            lowest
+                .iter()
+                .find(|(s, _)| *s == stream)
+                .map(|&(_, (order, _))| order as i64 - 1)
+        })
     }
 
     async fn save(&self, encoded: &str) -> Result<(), String> {
@@ -538,7 +530,7 @@ impl Reader {
         // Stored at most every SAVE_EVERY (and when the reader stops): a crash
         // re-reads at most that much (at-least-once); nothing is skipped.
         if self.saved.lock().elapsed() >= SAVE_EVERY {
-            self.save(&self.held_back(&encoded)).await?;
+            self.save(&self.held_back(link)).await?;
         }
         let mut h = self.health.lock();
         h.records += n;

@@ -125,6 +125,23 @@ impl Partitions {
     pub fn encoded(&self) -> String {
         serde_json::to_string(&self.next).unwrap_or_default()
     }
+
+    /// As [`encoded`](Self::encoded), each partition's position lowered to
+    /// `cap(topic, partition)` where that is lower (a record a conflation
+    /// window still holds must be read again after a crash).
+    pub fn encoded_capped(&self, cap: impl Fn(&str, i32) -> Option<i64>) -> String {
+        let capped: BTreeMap<&str, i64> = self
+            .next
+            .iter()
+            .map(|(key, &next)| {
+                let c = key
+                    .rsplit_once(':')
+                    .and_then(|(t, p)| cap(t, p.parse().ok()?));
+                (key.as_str(), c.map_or(next, |c| next.min(c)))
+            })
+            .collect();
+        serde_json::to_string(&capped).unwrap_or_default()
+    }
 }
 
 /// Records beyond this node's positions: for each partition, its latest
