@@ -31,6 +31,10 @@ pub struct App {
     ready: AtomicBool,
     over_memory: AtomicBool,
     pub metrics: PrometheusHandle,
+    /// Cluster mode's shared parts; `None` on a node of its own.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// One change at a time per tenant (`reconcile`).
+    pub turns: crate::reconcile::Turns,
 }
 
 /// A tenant row turned into live settings, or why it cannot be.
@@ -97,6 +101,8 @@ impl App {
             ready: AtomicBool::new(false),
             over_memory: AtomicBool::new(false),
             metrics,
+            cluster: None,
+            turns: Default::default(),
         }
     }
 
@@ -173,39 +179,8 @@ impl App {
         .map_err(LoadError::Plugin)
     }
 
-    /// Loads every tenant from the registry. A row that cannot be used is
-    /// logged and skipped rather than stopping the server.
-    pub async fn load_tenants(&self) -> Result<usize, RegistryError> {
-        let rows = self.registry.list_tenants().await?;
-        let mut n = 0;
-        for rec in rows {
-            match settings_from_record(&rec, &self.config) {
-                Ok(s) => {
-                    let tenant = Tenant::new(&rec.id, s);
-                    if let Some(v) = rec.active_plugin {
-                        // A plugin that no longer loads leaves the tenant without
-                        // one: "plugin" access then fails closed.
-                        match self.load_plugin(&tenant, v).await {
-                            Ok(p) => {
-                                tenant.set_plugin(Some(p));
-                            }
-                            Err(e) => {
-                                tracing::error!(tenant = %rec.id, version = v, error = %e, "active plugin failed to load; tenant runs without it")
-                            }
-                        }
-                    }
-                    self.tenants.insert(tenant);
-                    n += 1;
-                }
-                Err(e) => {
-                    tracing::error!(tenant = %rec.id, error = %e, "tenant in registry is invalid; not loaded")
-                }
-            }
-        }
-        Ok(n)
-    }
-
-    /// Creates the public `demo` tenant if absent; returns its new publish key.
+    /// Creates the public `demo` tenant's row if absent; returns its new
+    /// publish key (the caller applies the row: `reconcile::tenant`).
     pub async fn ensure_demo_tenant(&self) -> Result<Option<String>, RegistryError> {
         if self.tenants.get("demo").is_some() {
             return Ok(None);
@@ -224,8 +199,6 @@ impl App {
             source: serde_json::json!({"kind": "http"}),
         };
         self.registry.create_tenant(&rec).await?;
-        let settings = settings_from_record(&rec, &self.config).map_err(RegistryError::Corrupt)?;
-        self.tenants.insert(Tenant::new("demo", settings));
         Ok(Some(key))
     }
 }

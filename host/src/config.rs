@@ -73,6 +73,29 @@ pub struct ServeArgs {
     /// Runtime worker threads (default: one per core).
     #[arg(long, env = "HERALD_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
+    /// Cluster mode (needs a Postgres registry shared by every node): admin
+    /// changes reach every node through LISTEN/NOTIFY, and HTTP publishes go
+    /// through a log in the registry that every node delivers from, so all
+    /// nodes give a message the same position.
+    #[arg(long, env = "HERALD_CLUSTER")]
+    pub cluster: bool,
+    /// Cluster mode: seconds between full comparisons of the live tenants
+    /// with the registry (the safety net under NOTIFY; also run on every
+    /// reconnect). Bounds how long a missed change can go unseen.
+    #[arg(long, env = "HERALD_RECONCILE_SECS", default_value_t = 10)]
+    pub reconcile_secs: u64,
+    /// Cluster mode: how long HTTP publishes stay in the registry's log, in
+    /// seconds. A node down for longer misses what was deleted meanwhile.
+    #[arg(
+        long,
+        env = "HERALD_CLUSTER_LOG_RETENTION_SECS",
+        default_value_t = 3600
+    )]
+    pub cluster_log_retention_secs: u64,
+    /// The address this node is reached at, for the cluster view (default:
+    /// the listen address).
+    #[arg(long, env = "HERALD_ADVERTISE")]
+    pub advertise: Option<String>,
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "HERALD_LOG", default_value = "info")]
     pub log: String,
@@ -143,6 +166,17 @@ pub struct Config {
     pub node_id: String,
     /// SO_SNDBUF for accepted sockets; `None` keeps the kernel's autotuning.
     pub socket_send_buffer: Option<usize>,
+    /// Cluster mode, when on.
+    pub cluster: Option<ClusterConfig>,
+    /// Shown in the cluster view; `None`: the listen address.
+    pub advertise: Option<String>,
+}
+
+/// Cluster mode's settings (`--cluster`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    pub reconcile: Duration,
+    pub log_retention: Duration,
 }
 
 impl ServeArgs {
@@ -180,7 +214,29 @@ impl ServeArgs {
         if self.database_url.is_some() && self.admin_token.is_none() {
             return Err("--admin-token is required with --database-url (it is generated only for the embedded SQLite default)".into());
         }
+        let cluster = if self.cluster {
+            let postgres = self
+                .database_url
+                .as_deref()
+                .is_some_and(|u| u.starts_with("postgres:") || u.starts_with("postgresql:"));
+            if !postgres {
+                return Err("--cluster needs a Postgres registry (--database-url postgres://…) that every node shares".into());
+            }
+            if self.reconcile_secs == 0 || self.cluster_log_retention_secs == 0 {
+                return Err(
+                    "--reconcile-secs and --cluster-log-retention-secs must be at least 1".into(),
+                );
+            }
+            Some(ClusterConfig {
+                reconcile: Duration::from_secs(self.reconcile_secs),
+                log_retention: Duration::from_secs(self.cluster_log_retention_secs),
+            })
+        } else {
+            None
+        };
         Ok(Config {
+            cluster,
+            advertise: self.advertise.clone(),
             data_dir: self.data_dir.clone(),
             database_url: self.database_url.clone(),
             admin_token: self.admin_token.clone(),
@@ -272,6 +328,7 @@ mod tests {
         assert!(parse(&["--database-url", "postgres://x"])
             .unwrap_err()
             .contains("--admin-token"));
+        assert!(parse(&["--cluster"]).unwrap_err().contains("Postgres"));
         assert!(parse(&["--admin-token", "short"])
             .unwrap_err()
             .contains("16"));

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod app;
+pub mod cluster;
 pub mod config;
 pub mod fanout;
 pub mod ingest;
@@ -13,6 +14,7 @@ pub mod metrics;
 pub mod plugin;
 pub mod proto;
 pub mod ratelimit;
+pub mod reconcile;
 pub mod registry;
 pub mod server;
 pub mod source;
@@ -119,40 +121,49 @@ pub async fn run(
     };
     metrics::set_capacity(max);
     let plugins = plugin::Runtime::new().context("starting the plugin runtime")?;
-    let app = Arc::new(App::new(
+    let cluster = match (&config.cluster, config.database_url.as_deref()) {
+        (Some(c), Some(url)) => Some(
+            cluster::Cluster::connect(url, c.clone())
+                .await
+                .context("connecting to the registry for cluster mode")?,
+        ),
+        _ => None,
+    };
+    let mut app = App::new(
         config,
         registry,
         Capacity::new(max),
         admin,
         metrics_handle,
         plugins,
-    ));
-    let loaded = app.load_tenants().await.context("loading tenants")?;
-    for rec in app.registry.list_tenants().await? {
-        let Some(t) = app.tenants.get(&rec.id) else {
-            continue;
-        };
-        match serde_json::from_value::<source::SourceConfig>(rec.source) {
-            Ok(source::SourceConfig::Http) => {}
-            Ok(c) => source::start(&app, &t, c).await,
-            Err(e) => {
-                tracing::error!(tenant = %rec.id, error = %e, "stored source is invalid; the tenant ingests over HTTP only")
-            }
-        }
-    }
+    );
+    app.cluster = cluster;
+    let app = Arc::new(app);
+    // Every tenant, its plugin and its source, as the registry has them.
+    reconcile::all(&app).await.context("loading tenants")?;
     if app.config.demo_tenant {
         if let Some(key) = app
             .ensure_demo_tenant()
             .await
             .context("creating the demo tenant")?
         {
+            reconcile::tenant(&app, "demo")
+                .await
+                .context("loading the demo tenant")?;
             println!("herald: created public tenant \"demo\"; its publish key (shown once): {key}");
         }
     }
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, tenants = loaded, connection_capacity = max, "herald listening");
+    let loaded = app.tenants.all().len();
+    tracing::info!(%addr, tenants = loaded, connection_capacity = max, node = %app.config.node_id, cluster = app.cluster.is_some(), "herald listening");
 
     let watchers = tokio_util::task::TaskTracker::new();
+    let advertised = app
+        .config
+        .advertise
+        .clone()
+        .unwrap_or_else(|| addr.to_string());
+    cluster::spawn(&app, &watchers, advertised);
     watchers.spawn(watch_memory(app.clone()));
     watchers.spawn(sweep_channels(app.clone()));
     watchers.spawn(flush_conflation(app.clone()));

@@ -144,3 +144,16 @@ pub fn set_capacity(max: usize) {
 pub fn set_rss(bytes: u64) {
     gauge!("herald_process_rss_bytes").set(bytes as f64);
 }
+
+/// 1 while this node hears the registry (cluster mode's LISTEN connection
+/// and its reconcile queries work), 0 while it serves what it last knew.
+pub fn set_registry_up(up: bool) {
+    gauge!("herald_registry_up").set(if up { 1.0 } else { 0.0 });
+}
+
+/// Full comparisons of the live tenants with the registry, and the changes
+/// they found that NOTIFY had not already brought.
+pub fn reconciled(changed: usize) {
+    counter!("herald_registry_reconciles_total").increment(1);
+    counter!("herald_registry_reconcile_changes_total").increment(changed as u64);
+}

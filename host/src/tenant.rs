@@ -155,7 +155,7 @@ impl LimitOverrides {
 }
 
 /// What the admin API may change; swapped as a whole.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TenantSettings {
     pub access: Access,
     pub config: serde_json::Value,
@@ -185,6 +185,9 @@ pub struct Tenant {
     pub last_flush: Mutex<Instant>,
     /// The running ingest source and its health.
     pub source: Mutex<crate::source::SourceSlot>,
+    /// Cluster mode: rung when the registry announces new rows of this
+    /// tenant in the shared publish log (its reader waits on it).
+    pub log_written: tokio::sync::Notify,
 }
 
 pub fn key_digest(key: &str) -> [u8; 32] {
@@ -210,6 +213,7 @@ impl Tenant {
             conflator: Mutex::new(Conflator::default()),
             last_flush: Mutex::new(Instant::now()),
             source: Mutex::new(crate::source::SourceSlot::default()),
+            log_written: tokio::sync::Notify::new(),
         })
     }
 

@@ -6,6 +6,7 @@
 use super::{parse_json, ApiError};
 use crate::app::{hex, new_secret, settings_from_record, App};
 use crate::proto;
+use crate::reconcile;
 use crate::registry::{now_ms, TenantRecord};
 use crate::source::SourceConfig;
 use crate::tenant::{key_digest, Access, LimitOverrides, Tenant};
@@ -25,6 +26,33 @@ pub(super) fn routes() -> Router<Arc<App>> {
         .route("/tenants/{tenant}", get(show).patch(update).delete(remove))
         .route("/tenants/{tenant}/publish-key", post(rotate_key))
         .route("/tenants/{tenant}/source", get(show_source).put(set_source))
+        .route("/nodes", get(nodes))
+}
+
+/// The cluster view: every node that has reported to the registry, with
+/// what it runs; `alive` while its heartbeat is recent.
+async fn nodes(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> {
+    let now = now_ms();
+    let stale = 3 * crate::cluster::HEARTBEAT_EVERY.as_millis() as i64;
+    let nodes: Vec<Value> = app
+        .registry
+        .list_nodes()
+        .await?
+        .into_iter()
+        .map(|n| {
+            json!({
+                "id": n.id,
+                "version": n.version,
+                "address": n.address,
+                "started_at_ms": n.started_at_ms,
+                "last_heartbeat_ms": n.heartbeat_at_ms,
+                "alive": now - n.heartbeat_at_ms <= stale,
+                "connections": n.connections,
+                "plugins": n.plugins,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "self": app.config.node_id, "nodes": nodes })))
 }
 
 #[derive(Deserialize)]
@@ -116,12 +144,11 @@ async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, Ap
         conflation,
         source: json!({"kind": "http"}),
     };
-    let settings = settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
+    settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
     app.registry.create_tenant(&rec).await?;
-    let tenant = Tenant::new(&rec.id, settings);
-    app.tenants.insert(tenant.clone());
+    let (_, tenant) = reconcile::tenant(&app, &rec.id).await?;
     tracing::info!(tenant = %rec.id, access = %rec.access, "tenant created");
-    let mut body = view(&rec, Some(&tenant));
+    let mut body = view(&rec, tenant.as_deref());
     body["publish_key"] = json!(key);
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
@@ -180,36 +207,13 @@ async fn update(
         check_limits(&app, &rec.limits)?;
     }
     rec.updated_at_ms = now_ms();
-    let settings = settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
+    settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
     app.registry.update_tenant(&rec).await?;
-    let tenant = match app.tenants.get(&id) {
-        Some(t) => {
-            let old = t.settings();
-            let reload =
-                old.config != settings.config || old.limits.sandbox() != settings.limits.sandbox();
-            t.update(settings);
-            // The plugin reads its config and runs under the sandbox limits
-            // given at load: reload the active version with the new ones.
-            if let (true, Some(p)) = (reload, t.plugin()) {
-                match app.load_plugin(&t, p.version).await {
-                    Ok(fresh) => {
-                        t.set_plugin(Some(fresh));
-                    }
-                    Err(e) => {
-                        tracing::error!(tenant = %id, version = p.version, error = %e, "reloading the plugin with the new config failed; the previous load stays active")
-                    }
-                }
-            }
-            t
-        }
-        None => {
-            let t = Tenant::new(&id, settings);
-            app.tenants.insert(t.clone());
-            t
-        }
-    };
+    // Applied as every other node applies it (a changed config or sandbox
+    // reloads the active plugin with the new ones).
+    let (_, tenant) = reconcile::tenant(&app, &id).await?;
     tracing::info!(tenant = %id, "tenant updated");
-    Ok(Json(view(&rec, Some(&tenant))))
+    Ok(Json(view(&rec, tenant.as_deref())))
 }
 
 async fn remove(
@@ -217,10 +221,7 @@ async fn remove(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     app.registry.delete_tenant(&id).await?;
-    if let Some(t) = app.tenants.remove(&id) {
-        crate::source::stop(&t);
-        t.shut();
-    }
+    reconcile::tenant(&app, &id).await?;
     tracing::info!(tenant = %id, "tenant deleted");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -233,11 +234,9 @@ async fn rotate_key(
     let key = new_secret("pk_");
     rec.publish_key_sha256 = hex(&key_digest(&key));
     rec.updated_at_ms = now_ms();
-    let settings = settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
+    settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
     app.registry.update_tenant(&rec).await?;
-    if let Some(t) = app.tenants.get(&id) {
-        t.update(settings);
-    }
+    reconcile::tenant(&app, &id).await?;
     Ok(Json(json!({ "id": id, "publish_key": key })))
 }
 
@@ -266,10 +265,8 @@ async fn set_source(
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let config: SourceConfig = parse_json(&body)?;
-    let t = app
-        .tenants
-        .get(&id)
-        .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
+    // A tenant of the registry: the checks below take a while.
+    app.registry.get_tenant(&id).await?;
     match &config {
         SourceConfig::Http => {}
         SourceConfig::PostgresOutbox {
@@ -296,7 +293,8 @@ async fn set_source(
     app.registry
         .set_source(&id, &serde_json::to_value(&config).unwrap_or_default())
         .await?;
-    crate::source::start(&app, &t, config).await;
+    let (_, t) = reconcile::tenant(&app, &id).await?;
+    let t = t.ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
     tracing::info!(tenant = %id, kind = t.source.lock().config.kind(), "source changed");
     Ok(Json(source_view(&t)))
 }

@@ -42,6 +42,9 @@ pub enum ApiError {
     RateLimited(Duration),
     #[error("server is shutting down")]
     Unavailable,
+    /// Cluster mode: the shared publish log could not be written.
+    #[error("the cluster's publish log cannot be written just now; nothing was published, retry")]
+    LogUnavailable(String),
     /// The tenant's plugin failed on this batch; nothing of it was published.
     #[error("transform failed ({0}); the batch was dead-lettered: {1}")]
     TransformFailed(&'static str, String),
@@ -60,6 +63,7 @@ impl ApiError {
             ApiError::SourceNotHttp(..) => "source_not_http",
             ApiError::RateLimited(_) => "rate_limited",
             ApiError::Unavailable => "unavailable",
+            ApiError::LogUnavailable(_) => "log_unavailable",
             ApiError::TransformFailed(..) => "transform_failed",
             ApiError::Internal(_) => "internal",
         }
@@ -87,6 +91,10 @@ impl IntoResponse for ApiError {
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::LogUnavailable(cause) => {
+                tracing::warn!(%cause, "publish refused: the publish log cannot be written");
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::TransformFailed(..) => StatusCode::BAD_GATEWAY,
             ApiError::Internal(cause) => {
                 tracing::error!(%cause, "request failed with an internal error");
@@ -96,6 +104,9 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({"error": {"code": self.code(), "message": self.to_string()}});
         let mut resp = (status, Json(body)).into_response();
         match &self {
+            ApiError::LogUnavailable(_) => {
+                resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
+            }
             ApiError::RateLimited(wait) => {
                 let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
                 resp.headers_mut().insert(header::RETRY_AFTER, secs.into());
@@ -142,12 +153,26 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
+/// 200 while the node takes clients, 503 once it drains. In cluster mode the
+/// body also says whether the node hears the registry: while it does not,
+/// it stays ready and serves what it last knew (taking every node out of a
+/// load balancer for a registry outage would be an outage of its own).
 async fn readyz(State(app): State<Arc<App>>) -> Response {
-    if app.is_ready() {
-        (StatusCode::OK, "ready").into_response()
-    } else {
-        ApiError::Unavailable.into_response()
+    if !app.is_ready() {
+        return ApiError::Unavailable.into_response();
     }
+    let mut body = serde_json::json!({"ready": true, "node": app.config.node_id});
+    match &app.cluster {
+        Some(c) => {
+            let (up, down_since) = c.registry();
+            body["registry"] = if up { "ok" } else { "unreachable" }.into();
+            if let Some(ms) = down_since {
+                body["registry_down_since_ms"] = ms.into();
+            }
+        }
+        None => body["registry"] = "ok".into(),
+    }
+    (StatusCode::OK, Json(body)).into_response()
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {

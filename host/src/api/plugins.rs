@@ -145,10 +145,14 @@ async fn activate(
         .tenants
         .get(&id)
         .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
+    // Loaded first: a version that does not load here is refused unrecorded.
     let loaded = app.load_plugin(&tenant, version).await?;
-    app.registry.set_active_plugin(&id, Some(version)).await?;
     let info = loaded.info.clone();
-    let previous = tenant.set_plugin(Some(loaded)).map(|p| p.version);
+    let previous = {
+        let _turn = app.turns.take(&id).await;
+        app.registry.set_active_plugin(&id, Some(version)).await?;
+        tenant.set_plugin(Some(loaded)).map(|p| p.version)
+    };
     tracing::info!(tenant = %id, version, ?previous, "plugin version activated");
     Ok(Json(
         json!({ "active": version, "previous": previous, "name": info.name, "hooks": info.hooks }),

@@ -5,11 +5,14 @@
 
 use super::{bearer, ApiError};
 use crate::app::App;
+use crate::cluster::{log, Cluster};
 use crate::fanout::deliver::Fate;
+use crate::fanout::position::MESSAGES_PER_RECORD;
 use crate::ingest;
 use crate::plugin::batch::SourceRecord;
 use crate::proto;
 use crate::registry::now_ms;
+use crate::tenant::Tenant;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -136,6 +139,9 @@ async fn publish(
         tenant.metrics.publish_rejected("rate_limited");
         return Err(ApiError::RateLimited(wait));
     }
+    if let Some(cluster) = &app.cluster {
+        return logged(cluster, &tenant, &items, batch).await;
+    }
     let now = now_ms() as u64;
     let run = {
         let tenant = tenant.clone();
@@ -167,6 +173,44 @@ async fn publish(
             Fate::Held => serde_json::json!({"ch": o.channel, "seq": null, "held": true}),
             // HTTP publishes carry no source position; kept for completeness.
             Fate::Duplicate => serde_json::json!({"ch": o.channel, "seq": null, "duplicate": true}),
+        })
+        .collect();
+    let body = if batch || results.len() != 1 {
+        serde_json::json!({ "results": results })
+    } else {
+        results.pop().unwrap_or_default()
+    };
+    Ok((StatusCode::OK, Json(body)).into_response())
+}
+
+/// Cluster mode: the batch goes into the shared log, answered once it is
+/// committed there; every node (this one too) delivers it from the log.
+async fn logged(
+    cluster: &Cluster,
+    tenant: &Tenant,
+    items: &[PublishItem],
+    batch: bool,
+) -> Result<Response, ApiError> {
+    let entries: Vec<log::Entry<'_>> = items
+        .iter()
+        .map(|i| log::Entry {
+            channel: &i.ch,
+            key: i.key.as_deref(),
+            payload: i.data.get().as_bytes(),
+        })
+        .collect();
+    let ids = log::append(cluster, &tenant.id, &entries)
+        .await
+        .map_err(|e| ApiError::LogUnavailable(e.to_string()))?;
+    // Each row is one record: its message is published at id × 1000 on every
+    // node, unless the tenant's transform makes other messages of it.
+    let transform = tenant.plugin().is_some_and(|p| p.info.hooks.transform);
+    let mut results: Vec<serde_json::Value> = items
+        .iter()
+        .zip(&ids)
+        .map(|(i, &id)| {
+            let seq = (!transform).then(|| id as u64 * MESSAGES_PER_RECORD);
+            serde_json::json!({"ch": i.ch, "seq": seq, "position": id, "logged": true})
         })
         .collect();
     let body = if batch || results.len() != 1 {

@@ -232,7 +232,7 @@ struct Channel {
     seq: u64,
     history: VecDeque<Entry>,
     /// Keyed by the handle's address: O(1) leave, Vec-like iteration.
-    subscribers: IndexMap<usize, Arc<SessionHandle>>,
+    subscribers: IndexMap<usize, Subscriber>,
     marks: Vec<Mark>,
     /// The last position that had an untagged variant (sent to everyone
     /// without a variant of their own).
@@ -240,6 +240,28 @@ struct Channel {
     /// Per audience, the last position that had a variant tagged for it.
     tagged_last: HashMap<Arc<str>, u64>,
     rebased: bool,
+    /// The epoch is the source's (`Hub::new_source`), the same on every node
+    /// reading it, so positions a client got elsewhere mean the same here.
+    shared_epoch: bool,
+}
+
+/// A session in a channel's live set.
+struct Subscriber {
+    handle: Arc<SessionHandle>,
+    /// Positions up to here are not sent: the session resumed from another
+    /// node that had read further than this one (see `Hub::subscribe`).
+    floor: u64,
+}
+
+/// The epoch of channel `name` of a source known by `seed`: the same on
+/// every node (and every Herald version), small enough for JavaScript.
+fn shared_epoch(seed: u64, name: &str) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(seed.to_be_bytes());
+    h.update(name.as_bytes());
+    let d = h.finalize();
+    (u64::from_be_bytes(d[..8].try_into().unwrap_or_default()) >> 12).max(1)
 }
 
 fn key_of(s: &Arc<SessionHandle>) -> usize {
@@ -247,10 +269,11 @@ fn key_of(s: &Arc<SessionHandle>) -> usize {
 }
 
 impl Channel {
-    fn new(name: Arc<str>) -> Channel {
+    fn new(name: Arc<str>, seed: Option<u64>) -> Channel {
         Channel {
+            epoch: seed.map_or_else(new_epoch, |s| shared_epoch(s, &name)),
+            shared_epoch: seed.is_some(),
             name,
-            epoch: new_epoch(),
             seq: 0,
             history: VecDeque::new(),
             subscribers: IndexMap::new(),
@@ -325,6 +348,12 @@ impl Channel {
         report.rebased = true;
         report.first_rebase = !self.rebased;
         self.rebased = true;
+        if self.shared_epoch {
+            // Numbers from here on are this node's own: a client resuming
+            // elsewhere with them must get a gap, not another's positions.
+            self.epoch = new_epoch();
+            self.shared_epoch = false;
+        }
         Ok(self.seq + 1)
     }
 
@@ -420,12 +449,16 @@ impl Channel {
 /// All channels of one tenant.
 pub struct Hub {
     channels: Mutex<HashMap<Arc<str>, Arc<Mutex<Channel>>>>,
+    /// The source's epoch seed (`new_source`); `None`: every channel picks a
+    /// random epoch (positions of this node alone).
+    seed: Mutex<Option<u64>>,
 }
 
 impl Default for Hub {
     fn default() -> Self {
         Hub {
             channels: Mutex::new(HashMap::new()),
+            seed: Mutex::new(None),
         }
     }
 }
@@ -444,7 +477,8 @@ impl Hub {
             return c.clone();
         }
         let name: Arc<str> = name.into();
-        let c = Arc::new(Mutex::new(Channel::new(name.clone())));
+        let seed = *self.seed.lock();
+        let c = Arc::new(Mutex::new(Channel::new(name.clone(), seed)));
         map.insert(name, c.clone());
         c
     }
@@ -508,10 +542,13 @@ impl Hub {
         let frames = c.encode(seq, key.as_ref(), &m.variants, now_ms);
         c.sent(seq, &m.variants);
         c.subscribers.retain(|_, s| {
-            let Some(p) = pick(&frames, s.audience()) else {
+            if seq <= s.floor {
+                return true;
+            }
+            let Some(p) = pick(&frames, s.handle.audience()) else {
                 return true;
             };
-            let d = s.deliver_msg(p);
+            let d = s.handle.deliver_msg(p);
             report.add(d);
             !matches!(d, Delivery::Disconnected | Delivery::Closed)
         });
@@ -538,7 +575,19 @@ impl Hub {
         let mut c = chan.lock();
         c.trim(limits, now_ms);
         let audience = session.audience();
-        let head = c.last_for(audience);
+        let mut head = c.last_for(audience);
+        // A different epoch means the positions the client holds belong to
+        // a lost history: everything it cannot get here is a gap.
+        let resume = resume.map(|(since, epoch)| (since, epoch.is_none_or(|e| e == c.epoch)));
+        // Positions the source gives every node alike, and the client has
+        // further than this node has read (it comes from a node ahead of
+        // this one): nothing to replay or report; what this node reads up
+        // to `since` the session already has.
+        let floor = match resume {
+            Some((since, true)) if c.shared_epoch && since > c.seq => since,
+            _ => 0,
+        };
+        head = head.max(floor);
         before_replay(c.epoch, head);
         let mut result = SubscribeResult {
             epoch: c.epoch,
@@ -546,10 +595,8 @@ impl Hub {
             gap: None,
             replayed: 0,
         };
-        if let Some((since, epoch)) = resume {
-            // A different epoch means the positions the client holds belong to
-            // a lost history: everything it cannot get here is a gap.
-            let since = if epoch.is_some_and(|e| e != c.epoch) || since > c.seq {
+        if let Some((since, same_epoch)) = resume.filter(|_| floor == 0) {
+            let since = if !same_epoch || since > c.seq {
                 0
             } else {
                 since
@@ -561,8 +608,17 @@ impl Hub {
                 .filter_map(|e| pick(e, audience).cloned())
                 .collect();
             // What the session should have had before the first frame history
-            // still holds for it; positions that were never its own are no gap.
-            let missing_to = frames.first().map_or(head, |f| f.prev);
+            // still holds for it; positions that were never its own are no
+            // gap. A first frame with no `prev` on a shared epoch is the first
+            // this node published (it started, or the channel was swept): what
+            // came before it is unknown here.
+            let missing_to = frames.first().map_or(head, |f| {
+                if c.shared_epoch && f.prev == 0 && since > 0 {
+                    f.seq - 1
+                } else {
+                    f.prev
+                }
+            });
             if missing_to > since {
                 session.deliver_ctrl("gap", &proto::encode_gap(&c.name, since + 1, missing_to));
                 result.gap = Some((since + 1, missing_to));
@@ -572,7 +628,13 @@ impl Hub {
             }
             result.replayed = frames.len();
         }
-        c.subscribers.insert(key_of(session), session.clone());
+        c.subscribers.insert(
+            key_of(session),
+            Subscriber {
+                handle: session.clone(),
+                floor,
+            },
+        );
         result
     }
 
@@ -585,12 +647,26 @@ impl Hub {
     }
 
     /// A new source feeds the tenant: its positions are not comparable with
-    /// the old one's, so no channel may judge them duplicates by the old marks.
-    pub fn new_source(&self) {
+    /// the old one's, so no channel may judge them duplicates by the old
+    /// marks. `seed` names a source whose positions are the same on every
+    /// node: channels made from now on get an epoch derived from it and
+    /// their name; `None`, random ones. A channel that already exists keeps
+    /// its epoch and history (a client resuming here gets what it holds, no
+    /// replay of what it had), but its positions are this node's own from
+    /// now on unless its epoch is the new source's.
+    pub fn new_source(&self, seed: Option<u64>) {
+        *self.seed.lock() = seed;
         let channels: Vec<_> = self.channels.lock().values().cloned().collect();
         for c in channels {
-            c.lock().marks.clear();
+            let mut c = c.lock();
+            c.marks.clear();
+            c.shared_epoch = seed.is_some_and(|s| shared_epoch(s, &c.name) == c.epoch);
         }
+    }
+
+    /// The seed `new_source` last set.
+    pub fn seed(&self) -> Option<u64> {
+        *self.seed.lock()
     }
 
     /// Drops channels that have neither subscribers nor live history and that

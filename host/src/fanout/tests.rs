@@ -260,7 +260,7 @@ fn a_second_stream_is_rebased_not_dropped() {
         .publish_at(&msg("a", at(0, 500, 0), &ONE), &[], LIMITS, 0)
         .is_err());
     // A new source starts with no marks: its first rows are not "seen".
-    hub.new_source();
+    hub.new_source(None);
     assert_eq!(p(0, 2).0, 501_001);
 }
 
@@ -348,7 +348,13 @@ fn sweep_spares_a_channel_in_use() {
     let s = session();
     {
         let mut c = taken.lock();
-        c.subscribers.insert(key_of(&s), s.clone());
+        c.subscribers.insert(
+            key_of(&s),
+            Subscriber {
+                handle: s.clone(),
+                floor: 0,
+            },
+        );
     }
     drop(taken);
     hub.publish(out("a"), limits, 600);

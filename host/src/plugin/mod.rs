@@ -161,11 +161,16 @@ impl self::herald::plugin::host::Host for StoreState {
     }
 }
 
+/// A component compiled once per sha256 (or why it did not compile).
+type Compiled = std::sync::OnceLock<Result<Component, String>>;
+
 /// The process's engine, linker and compiled-component cache.
 pub struct Runtime {
     engine: Engine,
     linker: Linker<StoreState>,
-    cache: Mutex<HashMap<[u8; 32], Component>>,
+    /// One cell per sha256: a second caller of the same bytes waits for the
+    /// first one's compilation instead of compiling them again.
+    cache: Mutex<HashMap<[u8; 32], Arc<Compiled>>>,
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -201,16 +206,24 @@ impl Runtime {
     }
 
     /// Compiles a component (CPU-heavy: call from a blocking thread), or
-    /// returns the cached one with the same sha256.
+    /// returns the cached one with the same sha256 — waiting for it when
+    /// another thread is compiling the same bytes (an upload announced to
+    /// every node, then its activation). A failure is not kept.
     pub fn compile(&self, bytes: &[u8]) -> Result<Component, PluginError> {
         let digest: [u8; 32] = Sha256::digest(bytes).into();
-        if let Some(c) = self.cache.lock().get(&digest) {
-            return Ok(c.clone());
+        let cell = self.cache.lock().entry(digest).or_default().clone();
+        let compiled =
+            cell.get_or_init(|| Component::new(&self.engine, bytes).map_err(|e| format!("{e:#}")));
+        match compiled {
+            Ok(c) => Ok(c.clone()),
+            Err(e) => {
+                let mut cache = self.cache.lock();
+                if cache.get(&digest).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                    cache.remove(&digest);
+                }
+                Err(PluginError::Compile(e.clone()))
+            }
         }
-        let c = Component::new(&self.engine, bytes)
-            .map_err(|e| PluginError::Compile(format!("{e:#}")))?;
-        self.cache.lock().insert(digest, c.clone());
-        Ok(c)
     }
 
     fn store(

@@ -64,6 +64,19 @@ pub struct PluginRecord {
     pub created_at_ms: i64,
 }
 
+/// A node as it last reported itself (the cluster view).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRecord {
+    pub id: String,
+    pub version: String,
+    pub address: String,
+    pub started_at_ms: i64,
+    pub heartbeat_at_ms: i64,
+    pub connections: i64,
+    /// `{"tenant": active plugin version}` as the node runs them.
+    pub plugins: serde_json::Value,
+}
+
 const TENANT_COLUMNS: &str =
     "id, access, config, limits, publish_key_sha256, created_at, updated_at, active_plugin, conflation, source";
 
@@ -379,6 +392,51 @@ impl Registry {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    /// Records this node's heartbeat (and what it runs).
+    pub async fn put_node(&self, n: &NodeRecord) -> Result<(), RegistryError> {
+        sqlx::query(
+            "INSERT INTO nodes (id, version, address, started_at, heartbeat_at, connections, plugins) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO UPDATE SET version = excluded.version, \
+             address = excluded.address, started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at, \
+             connections = excluded.connections, plugins = excluded.plugins",
+        )
+        .bind(&n.id)
+        .bind(&n.version)
+        .bind(&n.address)
+        .bind(n.started_at_ms)
+        .bind(n.heartbeat_at_ms)
+        .bind(n.connections)
+        .bind(n.plugins.to_string())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Every node that has reported, most recent heartbeat first.
+    pub async fn list_nodes(&self) -> Result<Vec<NodeRecord>, RegistryError> {
+        let rows = sqlx::query(
+            "SELECT id, version, address, started_at, heartbeat_at, connections, plugins FROM nodes \
+             ORDER BY heartbeat_at DESC, id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let plugins: String = r.try_get("plugins")?;
+                Ok(NodeRecord {
+                    id: r.try_get("id")?,
+                    version: r.try_get("version")?,
+                    address: r.try_get("address")?,
+                    started_at_ms: r.try_get("started_at")?,
+                    heartbeat_at_ms: r.try_get("heartbeat_at")?,
+                    connections: r.try_get("connections")?,
+                    plugins: serde_json::from_str(&plugins)
+                        .map_err(|e| RegistryError::Corrupt(format!("nodes.plugins: {e}")))?,
+                })
+            })
+            .collect()
     }
 
     pub async fn get_setting(&self, name: &str) -> Result<Option<String>, RegistryError> {

@@ -67,6 +67,30 @@ impl SourceConfig {
         }
     }
 
+    /// What names this source's positions alike on every node (ARCHITECTURE.md,
+    /// "Positions"): outbox and Kafka positions come from the source, and in
+    /// cluster mode so do HTTP publishes (the shared log). `None`: the
+    /// positions are this node's own (HTTP publish on a node of its own).
+    /// The same source set again gives the same seed; tuning options and
+    /// credentials are not part of it.
+    pub fn epoch_seed(&self, tenant: &str, cluster: bool) -> Option<u64> {
+        let identity = match self {
+            SourceConfig::Http if cluster => "http log".to_string(),
+            SourceConfig::Http => return None,
+            SourceConfig::PostgresOutbox {
+                database_url,
+                table,
+                ..
+            } => format!("postgres_outbox {} {table}", redact_url(database_url)),
+            SourceConfig::Kafka {
+                brokers, topics, ..
+            } => format!("kafka {brokers} {}", topics.join(",")),
+        };
+        use sha2::{Digest, Sha256};
+        let d = Sha256::digest(format!("{tenant}\n{identity}").as_bytes());
+        Some(u64::from_be_bytes(d[..8].try_into().unwrap_or_default()))
+    }
+
     /// The configuration with credentials removed, for API answers and logs.
     pub fn redacted(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(self).unwrap_or_default();
@@ -287,17 +311,31 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
     if let Some(task) = previous {
         finish(&tenant.id, task).await;
     }
-    if changed {
+    let seed = config.epoch_seed(&tenant.id, app.cluster.is_some());
+    if changed || tenant.hub.seed() != seed {
         // Another source's positions: the old one's marks must not judge them.
-        tenant.hub.new_source();
+        tenant.hub.new_source(seed);
     }
     let health = Arc::new(Mutex::new(Health::new(config.kind())));
     let stop = app.shutdown.child_token();
     let done = match &config {
-        SourceConfig::Http => {
-            tenant.metrics.source_up.set(1.0);
-            None
-        }
+        SourceConfig::Http => match &app.cluster {
+            // Cluster mode: publishes reach every node through the log.
+            Some(cluster) => {
+                let reader = outbox::Reader::for_log(
+                    app.clone(),
+                    tenant.clone(),
+                    cluster.clone(),
+                    health.clone(),
+                    stop.clone(),
+                );
+                Some(app.tracker.spawn(reader.run()))
+            }
+            None => {
+                tenant.metrics.source_up.set(1.0);
+                None
+            }
+        },
         SourceConfig::PostgresOutbox { .. } => {
             let reader = outbox::Reader::new(
                 app.clone(),

@@ -215,7 +215,11 @@ struct Sql {
 }
 
 impl Sql {
-    fn new(t: &str) -> Sql {
+    /// The statements for table `t`; `only` restricts them to one tenant's
+    /// rows (the shared publish log).
+    fn new(t: &str, only: Option<&str>) -> Sql {
+        // Tenant ids are [a-z0-9_-] (proto::validate_tenant_id): safe as a literal.
+        let only = only.map_or(String::new(), |id| format!("tenant_id = '{id}' AND "));
         // $1 xid and $2 id of the cursor, $3 a limit; while taking over a
         // bare id also $4 after_id and $5 until_xid.
         let legacy = |on: bool| {
@@ -229,7 +233,7 @@ impl Sql {
             format!(
                 "SELECT id, xid::text AS xid_text, channel, key, COALESCE(payload::text, '') AS payload, payload_bytes, \
                  headers::text AS headers, (extract(epoch from created_at) * 1000)::bigint AS ts FROM {t} \
-                 WHERE (xid, id) > ($1::text::xid8, $2) AND xid < (SELECT pg_snapshot_xmin(pg_current_snapshot())){} \
+                 WHERE {only}(xid, id) > ($1::text::xid8, $2) AND xid < (SELECT pg_snapshot_xmin(pg_current_snapshot())){} \
                  ORDER BY xid, id LIMIT $3",
                 legacy(on)
             )
@@ -238,7 +242,7 @@ impl Sql {
         // generic plan of a prepared statement scanned the whole table (25 ms
         // at 200k rows, and growing), which held every row back that long.
         let stats = |on| {
-            let after = format!("(xid, id) > ($1::text::xid8, $2){}", legacy(on));
+            let after = format!("{only}(xid, id) > ($1::text::xid8, $2){}", legacy(on));
             format!(
                 "WITH h AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS horizon) SELECT \
                  (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {after} ORDER BY xid, id LIMIT $3) p) AS pending, \
@@ -252,7 +256,7 @@ impl Sql {
             read: [read(false), read(true)],
             stats: [stats(false), stats(true)],
             end: format!(
-                "SELECT xid::text AS xid_text, id FROM {t} WHERE xid < (SELECT pg_snapshot_xmin(pg_current_snapshot())) \
+                "SELECT xid::text AS xid_text, id FROM {t} WHERE {only}xid < (SELECT pg_snapshot_xmin(pg_current_snapshot())) \
                  ORDER BY xid DESC, id DESC LIMIT 1"
             ),
         }
@@ -297,10 +301,57 @@ struct OutboxRow {
     ts_ms: i64,
 }
 
+/// Which table a reader tails.
+enum Origin {
+    /// The tenant's own outbox, in its database.
+    Outbox { url: String },
+    /// Cluster mode: the tenant's rows of the shared publish log in the
+    /// registry database, woken by the registry watch.
+    Log(Arc<crate::cluster::Cluster>),
+}
+
+/// A pool of the reader's own (closed when dropped) or the cluster's.
+enum Conn {
+    Own(Db),
+    Shared(PgPool),
+}
+
+impl Conn {
+    fn pool(&self) -> &PgPool {
+        match self {
+            Conn::Own(db) => &db.0,
+            Conn::Shared(p) => p,
+        }
+    }
+}
+
+/// What wakes a reader that has read everything: its own LISTEN, or the
+/// cluster watch ringing the tenant's bell.
+enum Wake<'a> {
+    Listen(PgListener),
+    Bell(&'a tokio::sync::Notify),
+}
+
+impl Wake<'_> {
+    async fn rung(&mut self) -> Result<(), OutboxError> {
+        match self {
+            Wake::Listen(l) => l.recv().await.map(drop).map_err(connect_err),
+            Wake::Bell(n) => {
+                n.notified().await;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The log reader's safety-net poll: the watch rings on every NOTIFY and
+/// on every reconnect, so this only covers a lost notification.
+const LOG_POLL: Duration = Duration::from_secs(2);
+
 pub struct Reader {
     app: Arc<App>,
     tenant: Arc<Tenant>,
-    url: String,
+    origin: Origin,
     table: String,
     batch: u32,
     poll: Duration,
@@ -328,10 +379,30 @@ impl Reader {
         Reader {
             app,
             tenant,
-            url: database_url,
+            origin: Origin::Outbox { url: database_url },
             table,
             batch: batch_size.unwrap_or(1000).clamp(1, 10_000),
             poll: Duration::from_millis(poll_ms.unwrap_or(1000).clamp(10, 60_000)),
+            health,
+            stop,
+        }
+    }
+
+    /// The reader of the tenant's rows in the cluster's publish log.
+    pub fn for_log(
+        app: Arc<App>,
+        tenant: Arc<Tenant>,
+        cluster: Arc<crate::cluster::Cluster>,
+        health: Arc<Mutex<Health>>,
+        stop: CancellationToken,
+    ) -> Reader {
+        Reader {
+            app,
+            tenant,
+            origin: Origin::Log(cluster),
+            table: crate::cluster::log::TABLE.to_string(),
+            batch: 1000,
+            poll: LOG_POLL,
             health,
             stop,
         }
@@ -362,16 +433,29 @@ impl Reader {
 
     /// One connected session of tailing; returns only on error or stop.
     async fn tail(&self) -> Result<(), OutboxError> {
-        let sql = Sql::new(&quoted_table(&self.table)?);
-        let db = Db(self.or_stop(connect(&self.url)).await?);
-        let pool = &db.0;
-        let mut listener = self
-            .or_stop(async {
-                let mut l = PgListener::connect_with(pool).await.map_err(connect_err)?;
-                l.listen(NOTIFY_CHANNEL).await.map_err(connect_err)?;
-                Ok(l)
-            })
-            .await?;
+        let quoted = quoted_table(&self.table)?;
+        let (sql, conn) = match &self.origin {
+            Origin::Outbox { url } => (
+                Sql::new(&quoted, None),
+                Conn::Own(Db(self.or_stop(connect(url)).await?)),
+            ),
+            Origin::Log(cluster) => (
+                Sql::new(&quoted, Some(&self.tenant.id)),
+                Conn::Shared(cluster.pool.clone()),
+            ),
+        };
+        let pool = conn.pool();
+        let mut listener = match &self.origin {
+            Origin::Outbox { .. } => Wake::Listen(
+                self.or_stop(async {
+                    let mut l = PgListener::connect_with(pool).await.map_err(connect_err)?;
+                    l.listen(NOTIFY_CHANNEL).await.map_err(connect_err)?;
+                    Ok(l)
+                })
+                .await?,
+            ),
+            Origin::Log(_) => Wake::Bell(&self.tenant.log_written),
+        };
         let key = self.or_stop(source_key(pool, &self.table)).await?;
         let mut cursor = self.or_stop(self.load_cursor(pool, &sql, &key)).await?;
         let mut last_progress = Instant::now();
@@ -417,9 +501,7 @@ impl Reader {
                 };
                 tokio::select! {
                     _ = self.stop.cancelled() => return Ok(()),
-                    n = listener.recv() => {
-                        n.map_err(connect_err)?;
-                    }
+                    n = listener.rung() => n?,
                     _ = tokio::time::sleep(wait) => {}
                 }
                 continue;
@@ -456,9 +538,7 @@ impl Reader {
             };
             tokio::select! {
                 _ = self.stop.cancelled() => return Ok(()),
-                n = listener.recv() => {
-                    n.map_err(connect_err)?;
-                }
+                n = listener.rung() => n?,
                 _ = tokio::time::sleep(wait) => {}
             }
         }

@@ -524,3 +524,155 @@ pub async fn ws_from_upgraded(stream: TcpStream) -> Ws {
     .await;
     Ws { s }
 }
+
+/// A `herald serve` process of its own (several make a cluster), to stop,
+/// kill without a word, or start again on the same flags.
+pub struct Node {
+    child: tokio::process::Child,
+    pub port: u16,
+    pub http: reqwest::Client,
+    dir: PathBuf,
+    args: Vec<String>,
+}
+
+impl Node {
+    /// Starts one on `dir` with `args` beyond the listener, admin token and
+    /// data dir, and waits until it is ready.
+    pub async fn start(dir: &std::path::Path, args: &[&str]) -> Node {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        Node::spawn(dir.to_path_buf(), args, None).await
+    }
+
+    async fn spawn(dir: PathBuf, args: Vec<String>, port: Option<u16>) -> Node {
+        let port = port.unwrap_or_else(|| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        });
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--admin-token",
+                ADMIN,
+                "--log",
+                "warn",
+            ])
+            .arg("--data-dir")
+            .arg(&dir)
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let ready = format!("http://127.0.0.1:{port}/readyz");
+        let deadline = tokio::time::Instant::now() + WAIT * 2;
+        while !reqwest::get(&ready).await.is_ok_and(|r| r.status() == 200) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "herald did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Node {
+            child,
+            port,
+            http: reqwest::Client::new(),
+            dir,
+            args,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub async fn admin(&self, method: reqwest::Method, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .http
+            .request(method, self.url(path))
+            .bearer_auth(ADMIN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn publish(&self, tenant: &str, key: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(self.url(&format!("/v1/t/{tenant}/publish")))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Opens a WebSocket; the HTTP status and body when refused.
+    pub async fn ws(&self, tenant: &str, query: &str) -> Result<Ws, (u16, Value)> {
+        let url = format!("ws://127.0.0.1:{}/v1/t/{tenant}/ws?{query}", self.port);
+        match tokio_tungstenite::connect_async(url).await {
+            Ok((s, _)) => Ok(Ws { s }),
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+                let body = r
+                    .body()
+                    .as_ref()
+                    .and_then(|b| serde_json::from_slice(b).ok())
+                    .unwrap_or(Value::Null);
+                Err((r.status().as_u16(), body))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    pub async fn subscriber(&self, tenant: &str, ch: &str) -> Ws {
+        let mut ws = self.ws(tenant, "").await.expect("ws connect");
+        ws.sub(ch, 1).await;
+        ws
+    }
+
+    pub async fn upload_plugin(&self, tenant: &str, bytes: Vec<u8>) -> (u16, Value) {
+        let r = self
+            .http
+            .post(self.url(&format!("/admin/v1/tenants/{tenant}/plugins")))
+            .bearer_auth(ADMIN)
+            .body(bytes)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Ends the process at once (SIGKILL): nothing is flushed or stored.
+    pub async fn kill(mut self) -> (PathBuf, Vec<String>, u16) {
+        self.signal("KILL");
+        self.child.wait().await.unwrap();
+        (self.dir.clone(), self.args.clone(), self.port)
+    }
+
+    /// Asks the process to stop (SIGTERM) and waits for it to exit.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        self.signal("TERM");
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("herald exited after SIGTERM")
+            .unwrap()
+    }
+
+    fn signal(&self, name: &str) {
+        let pid = self.child.id().unwrap().to_string();
+        assert!(std::process::Command::new("kill")
+            .args([&format!("-{name}"), &pid])
+            .status()
+            .unwrap()
+            .success());
+    }
+
+    /// Starts a node again where a killed one ran: same flags, data and port.
+    pub async fn restart((dir, args, port): (PathBuf, Vec<String>, u16)) -> Node {
+        Node::spawn(dir, args, Some(port)).await
+    }
+}

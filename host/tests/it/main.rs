@@ -1,6 +1,7 @@
 //! Integration tests: one binary, real sockets, a real registry.
 
 mod bad_input;
+mod cluster;
 mod frontdoor;
 mod helpers;
 mod kafka;

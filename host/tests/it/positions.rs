@@ -447,61 +447,7 @@ async fn kafka_partitions_into_one_channel_are_visible_not_lost() {
     h.stop().await;
 }
 
-/// A `herald serve` process of its own, to kill without a word.
-struct Process {
-    child: tokio::process::Child,
-    port: u16,
-    http: reqwest::Client,
-}
-
-impl Process {
-    /// Starts one on `dir` and waits until it is ready.
-    async fn start(dir: &std::path::Path) -> Process {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"))
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--admin-token",
-                ADMIN,
-                "--log",
-                "warn",
-            ])
-            .arg("--data-dir")
-            .arg(dir)
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let ready = format!("http://127.0.0.1:{port}/readyz");
-        let deadline = Instant::now() + WAIT;
-        while !reqwest::get(&ready).await.is_ok_and(|r| r.status() == 200) {
-            assert!(Instant::now() < deadline, "herald did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Process {
-            child,
-            port,
-            http: reqwest::Client::new(),
-        }
-    }
-
-    async fn admin(&self, method: Method, path: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .http
-            .request(method, format!("http://127.0.0.1:{}{path}", self.port))
-            .bearer_auth(ADMIN)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-    }
-
+impl Node {
     /// A public tenant with a 4 s window, reading from `source`, live.
     async fn windowed_tenant(&self, id: &str, source: Value) {
         let body = json!({"id":id,"access":"public","conflation":{"window_ms":4000}});
@@ -537,24 +483,6 @@ impl Process {
         )
         .await;
     }
-
-    async fn kill(mut self) {
-        let pid = self.child.id().unwrap().to_string();
-        assert!(std::process::Command::new("kill")
-            .args(["-KILL", &pid])
-            .status()
-            .unwrap()
-            .success());
-        self.child.wait().await.unwrap();
-    }
-
-    async fn subscriber(&self, tenant: &str, ch: &str) -> Ws {
-        let url = format!("ws://127.0.0.1:{}/v1/t/{tenant}/ws", self.port);
-        let (s, _) = tokio_tungstenite::connect_async(url).await.unwrap();
-        let mut ws = Ws { s };
-        ws.sub(ch, 1).await;
-        ws
-    }
 }
 
 /// A crash loses nothing a conflation window held: the outbox cursor stored
@@ -564,7 +492,7 @@ async fn a_crash_loses_no_held_message() {
     let Some(url) = pg_url() else { return };
     let (pool, table) = outbox_table(&url).await;
     let dir = tempfile::tempdir().unwrap();
-    let first = Process::start(dir.path()).await;
+    let first = Node::start(dir.path(), &[]).await;
     let source = json!({"kind":"postgres_outbox","database_url":url,"table":table,"poll_ms":100});
     first.windowed_tenant("pos-crash", source).await;
     // The rows are read and held in the 4 s window…
@@ -573,7 +501,7 @@ async fn a_crash_loses_no_held_message() {
     first.read("pos-crash", 2).await;
     // …when the node dies without a word.
     first.kill().await;
-    let second = Process::start(dir.path()).await;
+    let second = Node::start(dir.path(), &[]).await;
     let mut ws = second.subscriber("pos-crash", "q").await;
     let got = msgs(&mut ws, 2).await;
     assert_eq!(data(&got), [json!({"v":1}), json!({"v":2})]);
@@ -597,7 +525,7 @@ async fn a_crash_loses_no_held_kafka_record() {
         .create()
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let first = Process::start(dir.path()).await;
+    let first = Node::start(dir.path(), &[]).await;
     let source =
         json!({"kind":"kafka","brokers":brokers,"topics":["pos-crash"],"start":"earliest"});
     first.windowed_tenant("pos-kcrash", source).await;
@@ -610,7 +538,7 @@ async fn a_crash_loses_no_held_kafka_record() {
     produce(&producer, "pos-crash", "q", 2).await;
     first.read("pos-kcrash", 3).await;
     first.kill().await;
-    let second = Process::start(dir.path()).await;
+    let second = Node::start(dir.path(), &[]).await;
     let mut ws = second.subscriber("pos-kcrash", "q").await;
     let got = msgs(&mut ws, 3).await;
     let ns: Vec<u64> = got

@@ -1,0 +1,178 @@
+//! Makes this node's live tenants what the registry says.
+//!
+//! Owns: turning a tenant's row (or its absence) into the live tenant — its
+//! settings, active plugin and source — for the admin API after its own
+//! write, and for cluster mode after a NOTIFY or on the periodic pass.
+//! Invariants: idempotent (a row already applied reloads nothing, restarts
+//! no reader, closes no session); every change reads the row *after* taking
+//! the tenant's turn, so changes of one tenant apply one at a time and the
+//! last applied is the registry's latest; never called under a fan-out lock.
+//! Never writes the registry.
+
+use crate::app::{settings_from_record, App};
+use crate::registry::{RegistryError, TenantRecord};
+use crate::source::{self, SourceConfig};
+use crate::tenant::Tenant;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::OwnedMutexGuard;
+
+/// One change at a time per tenant.
+#[derive(Default)]
+pub struct Turns(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl Turns {
+    pub async fn take(&self, id: &str) -> OwnedMutexGuard<()> {
+        let lock = self.0.lock().entry(id.to_string()).or_default().clone();
+        lock.lock_owned().await
+    }
+
+    /// Forgets the turn of a tenant nobody waits for (after deletion).
+    fn release(&self, id: &str) {
+        let mut map = self.0.lock();
+        if map.get(id).is_some_and(|l| Arc::strong_count(l) == 1) {
+            map.remove(id);
+        }
+    }
+}
+
+/// What a change did to the live tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Unchanged,
+    Created,
+    Updated,
+    Removed,
+}
+
+/// Applies the registry's row of tenant `id` (or its absence) now.
+pub async fn tenant(
+    app: &Arc<App>,
+    id: &str,
+) -> Result<(Change, Option<Arc<Tenant>>), RegistryError> {
+    let _turn = app.turns.take(id).await;
+    let change = match app.registry.get_tenant(id).await {
+        Ok(rec) => apply(app, &rec).await,
+        Err(RegistryError::NotFound(_)) => (forget(app, id), None),
+        Err(e) => return Err(e),
+    };
+    drop(_turn);
+    if change.0 == Change::Removed {
+        app.turns.release(id);
+    }
+    Ok(change)
+}
+
+/// Compares every live tenant with the registry; returns how many changed.
+pub async fn all(app: &Arc<App>) -> Result<usize, RegistryError> {
+    let rows = app.registry.list_tenants().await?;
+    let mut changed = 0;
+    let listed: std::collections::HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+    for t in app.tenants.all() {
+        if !listed.contains(&*t.id) {
+            let (c, _) = tenant(app, &t.id).await?;
+            changed += usize::from(c != Change::Unchanged);
+        }
+    }
+    for rec in &rows {
+        let _turn = app.turns.take(&rec.id).await;
+        // The row as it is now: a change may have landed since the list.
+        let change = match app.registry.get_tenant(&rec.id).await {
+            Ok(rec) => apply(app, &rec).await.0,
+            Err(RegistryError::NotFound(_)) => forget(app, &rec.id),
+            Err(e) => return Err(e),
+        };
+        changed += usize::from(change != Change::Unchanged);
+    }
+    Ok(changed)
+}
+
+/// Removes the live tenant: its source stops, its sessions close with 4000.
+fn forget(app: &App, id: &str) -> Change {
+    match app.tenants.remove(id) {
+        Some(t) => {
+            source::stop(&t);
+            t.shut();
+            tracing::info!(tenant = %id, "tenant removed");
+            Change::Removed
+        }
+        None => Change::Unchanged,
+    }
+}
+
+/// Makes the live tenant match `rec`. A row this node cannot use is logged
+/// and leaves the live tenant as it was.
+async fn apply(app: &Arc<App>, rec: &TenantRecord) -> (Change, Option<Arc<Tenant>>) {
+    let settings = match settings_from_record(rec, &app.config) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(tenant = %rec.id, error = %e, "tenant in the registry is invalid; not applied");
+            return (Change::Unchanged, app.tenants.get(&rec.id));
+        }
+    };
+    let source: SourceConfig = match serde_json::from_value(rec.source.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(tenant = %rec.id, error = %e, "stored source is invalid; the tenant ingests over HTTP only");
+            SourceConfig::Http
+        }
+    };
+    let (tenant, mut change) = match app.tenants.get(&rec.id) {
+        Some(t) => (t, Change::Unchanged),
+        None => (Tenant::new(&rec.id, settings.clone()), Change::Created),
+    };
+    let mut reload = false;
+    if change == Change::Unchanged {
+        let old = tenant.settings();
+        if *old != settings {
+            // The plugin reads its config and runs under the sandbox limits
+            // given at load: the active version is loaded again with new ones.
+            reload =
+                old.config != settings.config || old.limits.sandbox() != settings.limits.sandbox();
+            tenant.update(settings);
+            change = Change::Updated;
+        }
+    }
+    let live = tenant.plugin().map(|p| p.version);
+    if live != rec.active_plugin || (reload && live.is_some()) {
+        match rec.active_plugin {
+            None => {
+                tenant.set_plugin(None);
+            }
+            Some(v) => match app.load_plugin(&tenant, v).await {
+                Ok(p) => {
+                    tenant.set_plugin(Some(p));
+                }
+                // Retried by the next pass; until then the tenant keeps what
+                // it runs (none, for a new tenant: "plugin" access then
+                // refuses every connection).
+                Err(e) => {
+                    tracing::error!(tenant = %rec.id, version = v, error = %e, "the active plugin failed to load; the tenant keeps what it ran")
+                }
+            },
+        }
+        change = change.max_with(Change::Updated);
+    }
+    if change == Change::Created {
+        app.tenants.insert(tenant.clone());
+        tracing::info!(tenant = %rec.id, "tenant loaded");
+    }
+    let running = tenant.source.lock().config.clone();
+    if change == Change::Created || running != source {
+        source::start(app, &tenant, source).await;
+        change = change.max_with(Change::Updated);
+    }
+    (change, Some(tenant))
+}
+
+impl Change {
+    /// `Created` stays created; anything else becomes `to`.
+    fn max_with(self, to: Change) -> Change {
+        if self == Change::Created {
+            self
+        } else {
+            to
+        }
+    }
+}

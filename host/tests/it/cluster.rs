@@ -1,0 +1,556 @@
+//! Cluster mode: three `herald serve` processes on one Postgres registry
+//! (a database of its own per test), as users run them behind a load
+//! balancer. Admin changes reach every node, a publish on one reaches the
+//! subscribers of all with one `seq`, and a client that moves to another
+//! node resumes without a gap.
+
+use crate::helpers::*;
+use crate::outbox::pg_url;
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What "within 1 s" is checked against: the promise, plus the time a
+/// loaded test machine takes to answer the probe itself.
+const PROPAGATION: Duration = Duration::from_millis(1500);
+
+/// A fresh registry database on the test server, dropped at the end.
+struct Registry {
+    admin: sqlx::PgPool,
+    name: String,
+    pub url: String,
+}
+
+impl Registry {
+    async fn new() -> Option<Registry> {
+        let base = pg_url()?;
+        let admin = sqlx::PgPool::connect(&base).await.unwrap();
+        let name = format!("herald_cluster_{:08x}", rand::random::<u32>());
+        sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let (root, _) = base.rsplit_once('/').unwrap();
+        let url = format!("{root}/{name}");
+        Some(Registry { admin, name, url })
+    }
+
+    async fn drop(self) {
+        let _ = sqlx::raw_sql(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        ))
+        .execute(&self.admin)
+        .await;
+    }
+}
+
+/// A node of the cluster on `url`, reconciling every second.
+async fn node(dir: &std::path::Path, url: &str, id: &str) -> Node {
+    Node::start(
+        dir,
+        &[
+            "--database-url",
+            url,
+            "--cluster",
+            "--node-id",
+            id,
+            "--reconcile-secs",
+            "1",
+        ],
+    )
+    .await
+}
+
+async fn nodes(reg: &Registry, dir: &std::path::Path) -> Vec<Node> {
+    let mut out = Vec::new();
+    for id in ["a", "b", "c"] {
+        out.push(node(&dir.join(id), &reg.url, id).await);
+    }
+    out
+}
+
+/// Polls `probe` until it holds; panics with `what` after `within`.
+async fn within<F, Fut>(within: Duration, what: &str, mut probe: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if probe().await {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < within, "{what} not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn create(n: &Node, body: Value) -> String {
+    let (s, v) = n.admin(Method::POST, "/admin/v1/tenants", body).await;
+    assert_eq!(s, 201, "{v}");
+    v["publish_key"].as_str().unwrap().to_string()
+}
+
+/// The next `msg` frames, `n` of them.
+async fn msgs(ws: &mut Ws, n: usize) -> Vec<Value> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let m = ws.next().await;
+        if m["op"] == "msg" {
+            out.push(m);
+        }
+    }
+    out
+}
+
+/// A tenant created, re-keyed, given a plugin and deleted through one node
+/// takes effect on the others within a second: the key rotated through B
+/// stops working on A and C, the plugin activated on B runs on A and C, and
+/// deletion through C closes the tenant's sessions on A and B.
+#[tokio::test]
+async fn admin_changes_reach_every_node() {
+    let Some(reg) = Registry::new().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let n = nodes(&reg, dir.path()).await;
+    let (a, b, c) = (&n[0], &n[1], &n[2]);
+
+    let key = create(a, json!({"id":"cl-admin","access":"public"})).await;
+    for other in [b, c] {
+        within(
+            PROPAGATION,
+            "a tenant created on A served by B and C",
+            || async { other.ws("cl-admin", "").await.is_ok() },
+        )
+        .await;
+    }
+
+    // The key rotated through B: the old one stops working everywhere.
+    let (s, v) = b
+        .admin(
+            Method::POST,
+            "/admin/v1/tenants/cl-admin/publish-key",
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let fresh = v["publish_key"].as_str().unwrap().to_string();
+    let msg = json!({"ch":"k","data":1});
+    for other in [a, c] {
+        within(
+            PROPAGATION,
+            "the rotated key refused on A and C",
+            || async { other.publish("cl-admin", &key, msg.clone()).await.0 == 401 },
+        )
+        .await;
+        assert_eq!(other.publish("cl-admin", &fresh, msg.clone()).await.0, 200);
+    }
+
+    // A plugin activated through B runs on A and C: ticker-merge adds `last`.
+    let (s, up) = b
+        .upload_plugin("cl-admin", plugin_wasm("ticker_merge"))
+        .await;
+    assert_eq!(s, 201, "{up}");
+    let version = up["version"].as_i64().unwrap();
+    let path = format!("/admin/v1/tenants/cl-admin/plugins/{version}/activate");
+    assert_eq!(b.admin(Method::POST, &path, json!({})).await.0, 200);
+    for other in [a, c] {
+        let mut ws = other.subscriber("cl-admin", "ticks").await;
+        let tick = json!({"ch":"ticks","data":{"sym":"X","px":1}});
+        let start = Instant::now();
+        loop {
+            assert_eq!(other.publish("cl-admin", &fresh, tick.clone()).await.0, 200);
+            if msgs(&mut ws, 1).await[0]["data"].get("last").is_some() {
+                break;
+            }
+            assert!(
+                start.elapsed() < PROPAGATION,
+                "the plugin activated on B not running on A and C within {PROPAGATION:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    // Deleted through C: sessions on A and B are closed with 4000.
+    let mut on_a = a.subscriber("cl-admin", "x").await;
+    let mut on_b = b.subscriber("cl-admin", "x").await;
+    let (s, _) = c
+        .admin(Method::DELETE, "/admin/v1/tenants/cl-admin", json!({}))
+        .await;
+    assert_eq!(s, 204);
+    for ws in [&mut on_a, &mut on_b] {
+        let closed = tokio::time::timeout(PROPAGATION, ws.closed())
+            .await
+            .expect("closed within 1 s");
+        assert_eq!(closed.0, 4000);
+    }
+    for other in [a, b] {
+        assert_eq!(other.ws("cl-admin", "").await.err().map(|e| e.0), Some(404));
+    }
+
+    // The cluster view lists every node with what it runs.
+    let (s, view) = a.admin(Method::GET, "/admin/v1/nodes", json!({})).await;
+    assert_eq!(s, 200, "{view}");
+    let mut ids: Vec<&str> = view["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["a", "b", "c"], "{view}");
+    for n in n {
+        n.kill().await;
+    }
+    reg.drop().await;
+}
+
+/// A publish through A reaches subscribers on A, B and C in order and with
+/// the same `seq` on every node: it goes through the registry's log, and
+/// every node (A too) delivers it from there.
+#[tokio::test]
+async fn a_publish_reaches_every_node_with_one_seq() {
+    let Some(reg) = Registry::new().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let n = nodes(&reg, dir.path()).await;
+    let key = create(&n[0], json!({"id":"cl-pub","access":"public"})).await;
+    let mut subs = Vec::new();
+    for node in &n {
+        let ws = within(PROPAGATION, "the tenant on every node", || async {
+            node.ws("cl-pub", "").await.is_ok()
+        })
+        .await;
+        let _ = ws;
+        subs.push(node.subscriber("cl-pub", "t").await);
+    }
+    let mut answered = Vec::new();
+    for i in 0..20 {
+        let via = &n[i % 3];
+        let (s, v) = via
+            .publish("cl-pub", &key, json!({"ch":"t","data":{"i":i}}))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        answered.push(v["seq"].as_u64().expect("the answer carries the seq"));
+    }
+    let mut seen: Vec<Vec<(u64, u64, Value)>> = Vec::new();
+    for ws in subs.iter_mut() {
+        let got = msgs(ws, 20).await;
+        seen.push(
+            got.iter()
+                .map(|m| {
+                    (
+                        m["seq"].as_u64().unwrap(),
+                        m["prev"].as_u64().unwrap(),
+                        m["data"]["i"].clone(),
+                    )
+                })
+                .collect(),
+        );
+    }
+    let order: Vec<Value> = (0..20).map(|i| json!(i)).collect();
+    for (node, got) in seen.iter().enumerate() {
+        let data: Vec<Value> = got.iter().map(|g| g.2.clone()).collect();
+        assert_eq!(data, order, "node {node}: every message, in order");
+        for w in got.windows(2) {
+            assert_eq!(w[1].1, w[0].0, "node {node}: prev chains");
+        }
+        let seqs: Vec<u64> = got.iter().map(|g| g.0).collect();
+        assert_eq!(
+            seqs, answered,
+            "node {node}: the seqs the publishes answered"
+        );
+    }
+    for n in n {
+        n.kill().await;
+    }
+    reg.drop().await;
+}
+
+/// A node killed mid-stream: its clients reconnect to another node with the
+/// `since`/`epoch` they hold and get what they missed — no gap, no
+/// duplicate. The killed node, started again, catches up from its cursor.
+#[tokio::test]
+async fn a_killed_node_s_clients_resume_elsewhere() {
+    let Some(reg) = Registry::new().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut n = nodes(&reg, dir.path()).await;
+    let key = create(&n[1], json!({"id":"cl-fail","access":"public"})).await;
+    for node in &n {
+        within(PROPAGATION, "the tenant on every node", || async {
+            node.ws("cl-fail", "").await.is_ok()
+        })
+        .await;
+    }
+    let mut ws = n[0].ws("cl-fail", "").await.unwrap();
+    let ack = ws.sub("s", 1).await;
+    let epoch = ack["epoch"].as_u64().unwrap();
+    // A steady publisher through B.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let publisher = {
+        let (http, url, key, stop, sent) = (
+            n[1].http.clone(),
+            n[1].url("/v1/t/cl-fail/publish"),
+            key.clone(),
+            stop.clone(),
+            sent.clone(),
+        );
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) && i < 2000 {
+                let r = http
+                    .post(&url)
+                    .bearer_auth(&key)
+                    .json(&json!({"ch":"s","data":{"i":i}}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                i += 1;
+                sent.store(i, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            i
+        })
+    };
+    let before = msgs(&mut ws, 30).await;
+    let a = n.remove(0);
+    let killed = a.kill().await;
+    // Message `answered` had not been answered yet, so the one after it was
+    // published once A was dead: A never read it.
+    let answered = sent.load(Ordering::SeqCst) as usize;
+    // Whatever was in flight to the client died with A.
+    let last = before.last().unwrap()["seq"].as_u64().unwrap();
+    let mut moved = n[1].ws("cl-fail", "").await.unwrap();
+    moved
+        .send(json!({"op":"sub","ch":"s","id":2,"since":last,"epoch":epoch}))
+        .await;
+    let ack = moved.next().await;
+    assert_eq!(ack["op"], "ack", "{ack}");
+    assert_eq!(ack["epoch"], epoch, "epochs mean the same on every node");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let published = publisher.await.unwrap();
+    let mut got: Vec<Value> = before.clone();
+    while got.last().unwrap()["data"]["i"].as_u64().unwrap() + 1 < published {
+        let m = moved.next().await;
+        assert_ne!(m["op"], "gap", "no gap on the other node: {m}");
+        if m["op"] == "msg" {
+            got.push(m);
+        }
+    }
+    let is: Vec<u64> = got
+        .iter()
+        .map(|m| m["data"]["i"].as_u64().unwrap())
+        .collect();
+    assert_eq!(is, (0..published).collect::<Vec<_>>(), "every message once");
+    for w in got.windows(2) {
+        assert_eq!(w[1]["prev"], w[0]["seq"]);
+    }
+
+    // A again, on its stored cursor: it catches up with what was published
+    // while it was down, so a client resuming there from a position it got
+    // from B meanwhile misses nothing either.
+    let a = Node::restart(killed).await;
+    let mut back = a.ws("cl-fail", "").await.unwrap();
+    let mid = &got[answered + 1];
+    back.send(json!({"op":"sub","ch":"s","id":3,"since":mid["seq"],"epoch":epoch}))
+        .await;
+    let ack = back.next().await;
+    assert_eq!(ack["op"], "ack", "{ack}");
+    let (s, v) = n[0]
+        .publish("cl-fail", &key, json!({"ch":"s","data":{"i":published}}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let mut tail = Vec::new();
+    while tail
+        .last()
+        .is_none_or(|m: &Value| m["data"]["i"].as_u64() != Some(published))
+    {
+        let m = back.next().await;
+        assert_ne!(m["op"], "gap", "no gap on the restarted node: {m}");
+        if m["op"] == "msg" {
+            tail.push(m);
+        }
+    }
+    let want: Vec<u64> = (answered as u64 + 2..=published).collect();
+    let is: Vec<u64> = tail
+        .iter()
+        .map(|m| m["data"]["i"].as_u64().unwrap())
+        .collect();
+    assert_eq!(is, want, "the restarted node caught up from its cursor");
+    a.kill().await;
+    for n in n {
+        n.kill().await;
+    }
+    reg.drop().await;
+}
+
+/// A loopback proxy to the registry that the test can cut and restore.
+struct Cut {
+    addr: SocketAddr,
+    open: Arc<AtomicBool>,
+    conns: Arc<parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Cut {
+    async fn new(target: SocketAddr) -> Cut {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let open = Arc::new(AtomicBool::new(true));
+        let conns: Arc<parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
+        let (o, c) = (open.clone(), conns.clone());
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if !o.load(Ordering::SeqCst) {
+                    continue;
+                }
+                c.lock().push(tokio::spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                }));
+            }
+        });
+        Cut { addr, open, conns }
+    }
+
+    fn cut(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        for c in self.conns.lock().drain(..) {
+            c.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.open.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The registry connection of one node cut and restored: while cut the
+/// node says so (`/readyz`, metrics) and keeps serving what it has; changes
+/// made meanwhile through another node take effect once it is back.
+#[tokio::test]
+async fn a_cut_registry_connection_reconciles() {
+    let Some(reg) = Registry::new().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let b = node(&dir.path().join("b"), &reg.url, "b").await;
+    let target: SocketAddr = {
+        let rest = reg.url.split_once('@').unwrap().1;
+        let hostport = rest.split_once('/').unwrap().0;
+        tokio::net::lookup_host(hostport)
+            .await
+            .unwrap()
+            .next()
+            .unwrap()
+    };
+    let proxy = Cut::new(target).await;
+    let via_proxy = {
+        let (scheme_user, rest) = reg.url.split_once('@').unwrap();
+        let path = rest.split_once('/').unwrap().1;
+        format!("{scheme_user}@{}/{path}", proxy.addr)
+    };
+    let a = node(&dir.path().join("a"), &via_proxy, "a").await;
+    let gone_key = create(&b, json!({"id":"cl-gone","access":"public"})).await;
+    let kept_key = create(&b, json!({"id":"cl-kept","access":"public"})).await;
+    for t in ["cl-gone", "cl-kept"] {
+        within(PROPAGATION, "the tenants on A", || async {
+            a.ws(t, "").await.is_ok()
+        })
+        .await;
+    }
+    let mut on_a = a.subscriber("cl-gone", "x").await;
+
+    proxy.cut();
+    within(
+        Duration::from_secs(5),
+        "A saying its registry is down",
+        || async {
+            let r = a.http.get(a.url("/readyz")).send().await.unwrap();
+            let ok = r.status() == 200;
+            let body: Value = r.json().await.unwrap_or(Value::Null);
+            ok && body["registry"] == "unreachable"
+        },
+    )
+    .await;
+    let metrics = a
+        .http
+        .get(a.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l == "herald_registry_up 0"),
+        "the metric says so too"
+    );
+    // Meanwhile, through B: one tenant deleted, the other's key rotated.
+    assert_eq!(
+        b.admin(Method::DELETE, "/admin/v1/tenants/cl-gone", json!({}))
+            .await
+            .0,
+        204
+    );
+    let (s, _) = b
+        .admin(
+            Method::POST,
+            "/admin/v1/tenants/cl-kept/publish-key",
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    // A keeps serving what it has while it cannot know better.
+    assert!(a.ws("cl-kept", "").await.is_ok());
+    on_a.send(json!({"op":"ping","id":9})).await;
+    // (A `status` frame may come first: the tenant's log reader stalled.)
+    next_op(&mut on_a, "pong", WAIT).await;
+
+    proxy.restore();
+    let took = within(Duration::from_secs(5), "A reconciled", || async {
+        a.ws("cl-gone", "").await.err().map(|e| e.0) == Some(404)
+    })
+    .await;
+    assert_eq!(on_a.closed().await.0, 4000, "its sessions closed");
+    within(PROPAGATION, "the old key refused on A", || async {
+        a.publish("cl-kept", &kept_key, json!({"ch":"x","data":1}))
+            .await
+            .0
+            == 401
+    })
+    .await;
+    let _ = (gone_key, took);
+    within(
+        Duration::from_secs(3),
+        "A saying its registry is back",
+        || async {
+            let body: Value = a
+                .http
+                .get(a.url("/readyz"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap_or(Value::Null);
+            body["registry"] == "ok"
+        },
+    )
+    .await;
+    a.kill().await;
+    b.kill().await;
+    reg.drop().await;
+}
