@@ -26,6 +26,9 @@ pub struct App {
     pub admin_token_sha256: [u8; 32],
     /// Cancelled when the server shuts down: sessions close with 1001.
     pub shutdown: CancellationToken,
+    /// Cancelled when the node stops accepting connections (a drain, before
+    /// `shutdown`); a child of `shutdown`.
+    pub accepting: CancellationToken,
     pub tracker: TaskTracker,
     pub plugins: Arc<Runtime>,
     ready: AtomicBool,
@@ -89,13 +92,15 @@ impl App {
         metrics: PrometheusHandle,
         plugins: Arc<Runtime>,
     ) -> App {
+        let shutdown = CancellationToken::new();
         App {
             config,
             registry,
             tenants: Tenants::default(),
             capacity,
             admin_token_sha256,
-            shutdown: CancellationToken::new(),
+            accepting: shutdown.child_token(),
+            shutdown,
             tracker: TaskTracker::new(),
             plugins,
             ready: AtomicBool::new(false),

@@ -59,6 +59,15 @@ pub struct ServeArgs {
     /// Seconds that sessions get to close at shutdown.
     #[arg(long, env = "HERALD_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     pub shutdown_grace_secs: u64,
+    /// On SIGTERM: seconds to stay up, not ready (`/readyz` 503) but serving,
+    /// so the load balancer stops sending clients before any is closed.
+    #[arg(long, env = "HERALD_DRAIN_WAIT_SECS", default_value_t = 0)]
+    pub drain_wait_secs: u64,
+    /// On SIGTERM, after the wait: close the sessions spread evenly over this
+    /// many seconds (close 1012, SSE a `close` event), so clients reconnect
+    /// to the other nodes gradually rather than all at once.
+    #[arg(long, env = "HERALD_DRAIN_SPREAD_SECS", default_value_t = 0)]
+    pub drain_spread_secs: u64,
     /// This node's name in the registry (ingest cursors are kept per node).
     /// Default: the host name.
     #[arg(long, env = "HERALD_NODE_ID")]
@@ -161,6 +170,8 @@ pub struct Config {
     pub memory_budget_bytes: Option<u64>,
     pub heartbeat: Duration,
     pub shutdown_grace: Duration,
+    /// Drain on shutdown: not ready for `wait`, then sessions closed over `spread`.
+    pub drain: Drain,
     pub limits: TenantLimits,
     /// This node's name for per-node ingest cursors.
     pub node_id: String,
@@ -170,6 +181,14 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     /// Shown in the cluster view; `None`: the listen address.
     pub advertise: Option<String>,
+}
+
+/// How a stopping node lets its clients go (`--drain-wait-secs`,
+/// `--drain-spread-secs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Drain {
+    pub wait: Duration,
+    pub spread: Duration,
 }
 
 /// Cluster mode's settings (`--cluster`).
@@ -254,6 +273,10 @@ impl ServeArgs {
                     .unwrap_or_else(|| "herald".into()),
             },
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+            drain: Drain {
+                wait: Duration::from_secs(self.drain_wait_secs),
+                spread: Duration::from_secs(self.drain_spread_secs),
+            },
             socket_send_buffer: (self.socket_send_buffer > 0).then_some(self.socket_send_buffer),
             limits: TenantLimits {
                 max_connections: l.tenant_max_connections,

@@ -173,11 +173,23 @@ pub async fn run(
     let accept = tokio::spawn(server::accept_loop(app.clone(), listener, router));
 
     shutdown.await;
-    tracing::info!("shutting down: readiness off, closing sessions");
     app.set_ready(false);
-    // Accepting and every source reader stop here (their tokens are children).
-    app.shutdown.cancel();
+    let drain = app.config.drain;
+    if !drain.wait.is_zero() {
+        tracing::info!(
+            wait_secs = drain.wait.as_secs(),
+            "draining: not ready, still serving while the load balancer takes this node out"
+        );
+        tokio::time::sleep(drain.wait).await;
+    }
+    app.accepting.cancel();
     let _ = accept.await;
+    if !drain.spread.is_zero() {
+        close_spread(&app, drain.spread).await;
+    }
+    tracing::info!("shutting down: closing sessions");
+    // Every source reader stops here (their tokens are children).
+    app.shutdown.cancel();
     // Readers finish their batch and store their positions; then every
     // conflation window is closed, so what it held reaches the sessions,
     // which send their queues before they close with 1001.
@@ -205,6 +217,37 @@ pub async fn run(
     app.registry.close().await;
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// Closes every session (close 1012) evenly over `spread`, sources still
+/// running, so clients reconnect to other nodes a few at a time and resume.
+async fn close_spread(app: &App, spread: Duration) {
+    let sessions: Vec<_> = app
+        .tenants
+        .all()
+        .iter()
+        .flat_map(|t| t.sessions.handles())
+        .collect();
+    tracing::info!(
+        sessions = sessions.len(),
+        spread_secs = spread.as_secs(),
+        "draining: closing sessions gradually"
+    );
+    // Step k closes the sessions up to n × (k + 1) / steps: evenly spread
+    // whether there are fewer sessions than steps or many more.
+    const STEP: Duration = Duration::from_millis(50);
+    let steps = (spread.as_millis() / STEP.as_millis()).max(1) as usize;
+    let n = sessions.len();
+    let mut closed = 0;
+    let mut tick = tokio::time::interval(spread / steps as u32);
+    for k in 0..steps {
+        tick.tick().await;
+        let upto = n * (k + 1) / steps;
+        for s in &sessions[closed..upto] {
+            s.close_with(fanout::session::QueueClose::Draining);
+        }
+        closed = upto;
+    }
 }
 
 async fn watch_memory(app: Arc<App>) {

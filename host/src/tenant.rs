@@ -480,16 +480,19 @@ impl SessionRegistry {
         }
     }
 
-    /// Queues a control frame for every live session (source status).
-    pub fn broadcast(&self, op: &str, json: &str) {
-        let handles: Vec<Arc<SessionHandle>> = self
-            .inner
+    /// The live sessions now.
+    pub fn handles(&self) -> Vec<Arc<SessionHandle>> {
+        self.inner
             .lock()
             .0
             .iter()
             .filter_map(|(_, w)| w.upgrade())
-            .collect();
-        for h in handles {
+            .collect()
+    }
+
+    /// Queues a control frame for every live session (source status).
+    pub fn broadcast(&self, op: &str, json: &str) {
+        for h in self.handles() {
             h.deliver_ctrl(op, json);
         }
     }

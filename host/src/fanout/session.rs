@@ -26,8 +26,18 @@ pub enum QueueClose {
     Ended,
     /// The server is shutting down (close 1001).
     GoingAway,
+    /// The node drains for a deploy (close 1012): the client should
+    /// reconnect — the load balancer sends it to another node — and resume.
+    Draining,
     /// The tenant was deleted or its access changed (close 4000).
     TenantGone,
+}
+
+impl QueueClose {
+    /// The session sends what it has queued before it closes.
+    pub fn after_backlog(self) -> bool {
+        matches!(self, QueueClose::GoingAway | QueueClose::Draining)
+    }
 }
 
 /// What delivering one message to one session did.

@@ -87,6 +87,8 @@ pub mod close {
     pub const BAD_DATA: u16 = 1007;
     pub const POLICY: u16 = 1008;
     pub const TOO_BIG: u16 = 1009;
+    /// The node restarts or drains: reconnect (RFC 6455 registry: Service Restart).
+    pub const SERVICE_RESTART: u16 = 1012;
     pub const TRY_AGAIN_LATER: u16 = 1013;
     /// The tenant was deleted or its access changed.
     pub const TENANT_GONE: u16 = 4000;

@@ -34,13 +34,14 @@ use tokio::net::{TcpListener, TcpStream};
 /// Time a client gets to send its request head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Accepts until shutdown. Each connection runs on the app's task tracker.
+/// Accepts until the node stops accepting (drain or shutdown). Each
+/// connection runs on the app's task tracker.
 pub async fn accept_loop(app: Arc<App>, listener: TcpListener, router: axum::Router) {
     let mut backoff = Duration::from_millis(5);
     let mut last_warn: Option<tokio::time::Instant> = None;
     loop {
         let accepted = tokio::select! {
-            _ = app.shutdown.cancelled() => break,
+            _ = app.accepting.cancelled() => break,
             r = listener.accept() => r,
         };
         match accepted {
@@ -62,7 +63,7 @@ pub async fn accept_loop(app: Arc<App>, listener: TcpListener, router: axum::Rou
                     last_warn = Some(tokio::time::Instant::now());
                 }
                 tokio::select! {
-                    _ = app.shutdown.cancelled() => break,
+                    _ = app.accepting.cancelled() => break,
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(1));

@@ -6,6 +6,7 @@
 
 use crate::helpers::*;
 use crate::outbox::pg_url;
+use futures_util::StreamExt;
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -551,6 +552,156 @@ async fn a_cut_registry_connection_reconciles() {
     )
     .await;
     a.kill().await;
+    b.kill().await;
+    reg.drop().await;
+}
+
+/// A deploy: SIGTERM on A turns it not-ready at once while it still serves,
+/// then its sessions close (1012) spread over the window, each client moves
+/// to B with its `since`/`epoch` and misses nothing.
+#[tokio::test]
+async fn a_draining_node_lets_its_clients_go_gradually() {
+    let Some(reg) = Registry::new().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let a = Node::start(
+        &dir.path().join("a"),
+        &[
+            "--database-url",
+            &reg.url,
+            "--cluster",
+            "--node-id",
+            "a",
+            "--drain-wait-secs",
+            "1",
+            "--drain-spread-secs",
+            "2",
+        ],
+    )
+    .await;
+    let b = node(&dir.path().join("b"), &reg.url, "b").await;
+    let key = create(&b, json!({"id":"cl-drain","access":"public"})).await;
+    within(PROPAGATION, "the tenant on A", || async {
+        a.ws("cl-drain", "").await.is_ok()
+    })
+    .await;
+    const CLIENTS: usize = 8;
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut ws = a.ws("cl-drain", "").await.unwrap();
+        let ack = ws.sub("d", 1).await;
+        clients.push((ws, ack["epoch"].as_u64().unwrap()));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let publisher = {
+        let (http, url, key, stop) = (
+            b.http.clone(),
+            b.url("/v1/t/cl-drain/publish"),
+            key.clone(),
+            stop.clone(),
+        );
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) && i < 3000 {
+                let r = http
+                    .post(&url)
+                    .bearer_auth(&key)
+                    .json(&json!({"ch":"d","data":{"i":i}}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            i
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ready = a.url("/readyz");
+    let http = a.http.clone();
+    let terminated = tokio::spawn(a.terminate());
+    within(
+        Duration::from_millis(500),
+        "A not ready at once",
+        || async {
+            http.get(&ready)
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 503)
+        },
+    )
+    .await;
+    let drained_at = Instant::now();
+    // Each client reads until A closes it, then resumes on B.
+    let mut tasks = Vec::new();
+    for (mut ws, epoch) in clients {
+        let b_port = b.port;
+        tasks.push(tokio::spawn(async move {
+            let mut got: Vec<Value> = Vec::new();
+            let code = loop {
+                match tokio::time::timeout(Duration::from_secs(10), ws.s.next()).await {
+                    Ok(Some(Ok(tokio_tungstenite::tungstenite::Message::Text(t)))) => {
+                        let m: Value = serde_json::from_str(&t).unwrap();
+                        if m["op"] == "msg" {
+                            got.push(m);
+                        }
+                    }
+                    Ok(Some(Ok(tokio_tungstenite::tungstenite::Message::Close(Some(f))))) => {
+                        break u16::from(f.code)
+                    }
+                    Ok(Some(Ok(_))) => {}
+                    other => panic!("no close frame from the draining node: {other:?}"),
+                }
+            };
+            let closed_after = drained_at.elapsed();
+            let since = got.last().map_or(0, |m| m["seq"].as_u64().unwrap());
+            let url = format!("ws://127.0.0.1:{b_port}/v1/t/cl-drain/ws");
+            let (s, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+            let mut moved = Ws { s };
+            moved
+                .send(json!({"op":"sub","ch":"d","id":2,"since":since,"epoch":epoch}))
+                .await;
+            (code, closed_after, got, moved)
+        }));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    assert!(terminated.await.unwrap().success(), "A exited cleanly");
+    stop.store(true, Ordering::Relaxed);
+    let published = publisher.await.unwrap();
+    let mut closed: Vec<Duration> = results.iter().map(|r| r.1).collect();
+    closed.sort();
+    assert!(
+        closed[0] >= Duration::from_millis(800),
+        "nobody closed during the wait: {closed:?}"
+    );
+    assert!(
+        closed[CLIENTS - 1] - closed[0] >= Duration::from_millis(1000),
+        "closes spread over the window: {closed:?}"
+    );
+    for (code, _, mut got, mut moved) in results {
+        assert_eq!(code, 1012, "a reconnect hint");
+        while got
+            .last()
+            .map_or(0, |m| m["data"]["i"].as_u64().unwrap() + 1)
+            < published
+        {
+            let m = moved.next().await;
+            assert_ne!(m["op"], "gap", "no gap after the move: {m}");
+            if m["op"] == "msg" {
+                got.push(m);
+            }
+        }
+        let is: Vec<u64> = got
+            .iter()
+            .map(|m| m["data"]["i"].as_u64().unwrap())
+            .collect();
+        assert_eq!(is, (0..published).collect::<Vec<_>>(), "every message once");
+    }
     b.kill().await;
     reg.drop().await;
 }

@@ -44,7 +44,7 @@ impl End {
             End::PeerClosed(_) => "peer",
             End::Io => "io_error",
             End::Close(code, _) => match *code {
-                close::GOING_AWAY => "shutdown",
+                close::GOING_AWAY | close::SERVICE_RESTART => "shutdown",
                 close::TENANT_GONE => "tenant_gone",
                 close::SLOW_CONSUMER => "slow_consumer",
                 close::HEARTBEAT_TIMEOUT => "heartbeat_timeout",
@@ -63,6 +63,10 @@ fn queue_end(reason: QueueClose, policy: &str) -> End {
         ),
         QueueClose::Ended => End::Close(close::NORMAL, String::new()),
         QueueClose::GoingAway => End::Close(close::GOING_AWAY, "server shutting down".into()),
+        QueueClose::Draining => End::Close(
+            close::SERVICE_RESTART,
+            "node draining: reconnect and resume with since/epoch".into(),
+        ),
         QueueClose::TenantGone => End::Close(
             close::TENANT_GONE,
             "tenant removed or its access changed".into(),

@@ -8,7 +8,7 @@ use super::writer::{finish, flush, interest, load_and_flush, Outbox};
 use super::{queue_end, End, READ_BUDGET};
 use crate::app::App;
 use crate::fanout::queue::Wire;
-use crate::fanout::session::{QueueClose, SessionHandle};
+use crate::fanout::session::SessionHandle;
 use crate::fanout::Published;
 use crate::proto::{sse, ws::close};
 use crate::registry::now_ms;
@@ -111,7 +111,7 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
             }
             // Also while the socket is full: a close from outside must not wait for it.
             _ = handle.woken() => {
-                if let Some(reason) = handle.close_reason().filter(|r| *r != QueueClose::GoingAway) {
+                if let Some(reason) = handle.close_reason().filter(|r| !r.after_backlog()) {
                     end = Some(queue_end(reason, handle.policy().as_str()));
                 } else if out.is_empty() {
                     end = load_and_flush(&stream, &handle, &mut out, &tenant, Some(&mut state)).err();

@@ -9,7 +9,7 @@ use super::writer::{finish, flush, interest, load_and_flush, send_queued, Outbox
 use super::{ask_plugin, check_subscribe, queue_end, End, SubCheck, SubRefusal, READ_BUDGET};
 use crate::app::App;
 use crate::fanout::queue::Wire;
-use crate::fanout::session::{QueueClose, SessionHandle};
+use crate::fanout::session::SessionHandle;
 use crate::plugin::active::ActivePlugin;
 use crate::plugin::Session;
 use crate::proto::ws::{self, close, Assembler, FrameError, Message, Role};
@@ -202,9 +202,7 @@ impl WsSession {
         } else {
             // Going away waits for the backlog: `on_ready` ends it once sent.
             match self.handle.close_reason() {
-                Some(reason) if reason != QueueClose::GoingAway => {
-                    Err(queue_end(reason, policy.as_str()))
-                }
+                Some(reason) if !reason.after_backlog() => Err(queue_end(reason, policy.as_str())),
                 _ => Ok(()),
             }
         }
