@@ -705,3 +705,74 @@ async fn a_draining_node_lets_its_clients_go_gradually() {
     b.kill().await;
     reg.drop().await;
 }
+
+/// Several processes on one machine share a port (SO_REUSEPORT): the kernel
+/// spreads connections over them, each a node of the cluster with its own
+/// open-files limit and cores, and a publish reaches clients on all of them.
+#[tokio::test]
+async fn processes_share_a_port() {
+    let Some(reg) = Registry::new().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut procs = Vec::new();
+    for id in ["p1", "p2"] {
+        let args = [
+            "--database-url",
+            reg.url.as_str(),
+            "--cluster",
+            "--node-id",
+            id,
+            "--reuse-port",
+        ];
+        procs.push(Node::start_on(&dir.path().join(id), &args, port).await);
+    }
+    let key = create(&procs[0], json!({"id":"cl-port","access":"public"})).await;
+    // Whichever process a connection lands on, the tenant is there.
+    within(PROPAGATION, "the tenant on both processes", || async {
+        for _ in 0..12 {
+            if procs[0].ws("cl-port", "").await.is_err() {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    let mut clients = Vec::new();
+    for _ in 0..24 {
+        clients.push(procs[0].subscriber("cl-port", "p").await);
+    }
+    let (s, v) = procs[1]
+        .publish("cl-port", &key, json!({"ch":"p","data":"hi"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    for ws in clients.iter_mut() {
+        assert_eq!(msgs(ws, 1).await[0]["data"], "hi");
+    }
+    // The cluster view shows both processes holding some of the clients.
+    within(
+        Duration::from_secs(6),
+        "connections on both processes",
+        || async {
+            let (_, view) = procs[0]
+                .admin(Method::GET, "/admin/v1/nodes", json!({}))
+                .await;
+            let counts: Vec<i64> = view["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n["connections"].as_i64())
+                .collect();
+            counts.len() == 2 && counts.iter().all(|&c| c > 0) && counts.iter().sum::<i64>() == 24
+        },
+    )
+    .await;
+    for p in procs {
+        p.kill().await;
+    }
+    reg.drop().await;
+}

@@ -543,6 +543,12 @@ impl Node {
         Node::spawn(dir.to_path_buf(), args, None).await
     }
 
+    /// Starts one on a given port (several with `--reuse-port` share it).
+    pub async fn start_on(dir: &std::path::Path, args: &[&str], port: u16) -> Node {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        Node::spawn(dir.to_path_buf(), args, Some(port)).await
+    }
+
     async fn spawn(dir: PathBuf, args: Vec<String>, port: Option<u16>) -> Node {
         let port = port.unwrap_or_else(|| {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
