@@ -1,4 +1,4 @@
--- Cluster mode (ARCHITECTURE.md, "Cluster"): every change to a tenant or its
+-- Cluster mode (README, "Cluster mode"): every change to a tenant or its
 -- plugins is announced to every node (NOTIFY herald_registry, delivered at
 -- commit: the tenant id, or "tenant:version" for an uploaded plugin, which
 -- every node then compiles ahead of its activation), the nodes seen, and the log HTTP publishes go through

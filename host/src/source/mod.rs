@@ -1,6 +1,7 @@
 //! Ingest sources: where a tenant's records come from, and their health.
 //!
-//! Owns: the source configuration a tenant chose (`http`, `postgres_outbox`),
+//! Owns: the source configuration a tenant chose (`http`, `postgres_outbox`,
+//! `kafka`; in cluster mode `http` reads the shared publish log),
 //! starting and stopping the task that reads it, and the health every source
 //! reports (state, last record, lag, errors). Invariants: one source task per
 //! tenant; changing the source ends the old task (asked to stop, aborted
