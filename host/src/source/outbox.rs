@@ -350,6 +350,10 @@ impl Wake<'_> {
 /// The log reader's safety-net poll: the watch rings on every NOTIFY and
 /// on every reconnect, so this only covers a lost notification.
 const LOG_POLL: Duration = Duration::from_secs(2);
+/// How far back a log reader without a cursor (a node new to the tenant)
+/// starts reading: a tenant just created elsewhere loses none of its first
+/// rows, and a node joining later replays seconds, not the log's retention.
+const LOG_CATCH_UP: Duration = Duration::from_secs(10);
 
 pub struct Reader {
     app: Arc<App>,
@@ -641,17 +645,20 @@ impl Reader {
                     ..Cursor::START
                 }
             }
-            None => match sqlx::query(&sql.end)
-                .fetch_optional(pool)
-                .await
-                .map_err(query_err)?
-            {
-                Some(r) => Cursor {
-                    xid: parse_xid(&r.try_get::<String, _>("xid_text").map_err(query_err)?)?,
-                    id: r.try_get("id").map_err(query_err)?,
-                    legacy: None,
+            None => match self.log_start(pool).await? {
+                Some(c) => c,
+                None => match sqlx::query(&sql.end)
+                    .fetch_optional(pool)
+                    .await
+                    .map_err(query_err)?
+                {
+                    Some(r) => Cursor {
+                        xid: parse_xid(&r.try_get::<String, _>("xid_text").map_err(query_err)?)?,
+                        id: r.try_get("id").map_err(query_err)?,
+                        legacy: None,
+                    },
+                    None => Cursor::START,
                 },
-                None => Cursor::START,
             },
         };
         self.store_cursor(key, &cursor).await?;
@@ -663,6 +670,41 @@ impl Reader {
                 .map_err(|e| OutboxError::Query(format!("storing the cursor: {e}")))?;
         }
         Ok(cursor)
+    }
+
+    /// Where a log reader without a cursor starts: at the tenant's first row
+    /// logged since it was created, at most [`LOG_CATCH_UP`] ago. A tenant
+    /// created through another node may get rows before this node has
+    /// started reading; they are not skipped. `None`: an outbox (which starts
+    /// at its latest row), or no such row.
+    async fn log_start(&self, pool: &PgPool) -> Result<Option<Cursor>, OutboxError> {
+        if !matches!(self.origin, Origin::Log(_)) {
+            return Ok(None);
+        }
+        let created = match self.app.registry.get_tenant(&self.tenant.id).await {
+            Ok(t) => t.created_at_ms,
+            Err(e) => return Err(OutboxError::Query(format!("reading the tenant: {e}"))),
+        };
+        let first: Option<(String, i64)> = sqlx::query_as(
+            "SELECT xid::text, id FROM herald_publish_log WHERE tenant_id = $1 \
+             AND created_at >= greatest(to_timestamp($2::float8 / 1000), now() - make_interval(secs => $3)) \
+             ORDER BY xid, id LIMIT 1",
+        )
+        .bind(&*self.tenant.id)
+        .bind(created as f64)
+        .bind(LOG_CATCH_UP.as_secs_f64())
+        .fetch_optional(pool)
+        .await
+        .map_err(query_err)?;
+        first
+            .map(|(xid, id)| {
+                Ok(Cursor {
+                    xid: parse_xid(&xid)?,
+                    id: id - 1,
+                    legacy: None,
+                })
+            })
+            .transpose()
     }
 
     async fn store_cursor(&self, key: &str, cursor: &Cursor) -> Result<(), OutboxError> {

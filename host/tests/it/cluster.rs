@@ -776,3 +776,51 @@ async fn processes_share_a_port() {
     }
     reg.drop().await;
 }
+
+/// A node that starts reading a tenant after its first publishes (the
+/// tenant was created and published to through another node a moment ago)
+/// still delivers them: its history has them for a client resuming there.
+#[tokio::test]
+async fn a_node_new_to_a_tenant_reads_its_first_rows() {
+    let Some(reg) = Registry::new().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let a = node(&dir.path().join("a"), &reg.url, "a").await;
+    let key = create(&a, json!({"id":"cl-new","access":"public"})).await;
+    let mut answered = Vec::new();
+    for i in 0..5 {
+        let (s, v) = a
+            .publish("cl-new", &key, json!({"ch":"n","data":{"i":i}}))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        answered.push(v["seq"].clone());
+    }
+    let b = node(&dir.path().join("b"), &reg.url, "b").await;
+    let mut ws = b.ws("cl-new", "").await.unwrap();
+    let start = Instant::now();
+    for id in 1.. {
+        ws.send(json!({"op":"sub","ch":"n","id":id,"since":0}))
+            .await;
+        let ack = ws.next().await;
+        assert_eq!(ack["op"], "ack", "{ack}");
+        let mut got = Vec::new();
+        while let Ok(m) = tokio::time::timeout(Duration::from_millis(200), ws.next()).await {
+            if m["op"] == "msg" {
+                got.push(m["seq"].clone());
+            }
+        }
+        if got == answered {
+            break;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "B's history lacks the first rows: {got:?}, published {answered:?}"
+        );
+        ws.send(json!({"op":"unsub","ch":"n","id":1000 + id})).await;
+        let _ = ws.next().await;
+    }
+    a.kill().await;
+    b.kill().await;
+    reg.drop().await;
+}
