@@ -90,6 +90,19 @@ pub struct FanoutArgs {
     /// same run with the same plugin: the A/B of a change on the data path.
     #[arg(long)]
     pub baseline_herald: Option<std::path::PathBuf>,
+    /// Also measure Herald in cluster mode with this many nodes (processes
+    /// sharing the port, SO_REUSEPORT), each count in the same run: e.g.
+    /// `1,2,3`. Needs --cluster-db.
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Vec<usize>,
+    /// Only the clusters of --nodes (for more subscribers than one process
+    /// may hold: ~19,900 here).
+    #[arg(long)]
+    pub cluster_only: bool,
+    /// A Postgres (a throwaway one) on which each cluster gets a registry
+    /// database of its own.
+    #[arg(long, env = "HERALD_TEST_POSTGRES_URL")]
+    pub cluster_db: Option<String>,
     /// A plugin component activated on the bench tenant (e.g. ticker_conflate.wasm).
     #[arg(long)]
     pub plugin: Option<std::path::PathBuf>,
@@ -260,6 +273,8 @@ struct Server<'a> {
     label: String,
     /// A Herald binary other than `--herald`.
     bin: Option<&'a std::path::Path>,
+    /// Cluster mode with this many nodes.
+    nodes: Option<usize>,
 }
 
 /// Whether an outcome means the server broke at this rate: frames lost or
@@ -308,6 +323,7 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
         plugin: args.plugin.as_deref(),
         label: "herald".into(),
         bin: None,
+        nodes: None,
     }];
     if let Some(bin) = &args.baseline_herald {
         servers.push(Server {
@@ -315,6 +331,28 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
             plugin: args.plugin.as_deref(),
             label: "herald-baseline".into(),
             bin: Some(bin),
+            nodes: None,
+        });
+    }
+    if !args.nodes.is_empty() && args.cluster_db.is_none() {
+        bail!("--nodes needs --cluster-db (or HERALD_TEST_POSTGRES_URL): a Postgres for the registries");
+    }
+    if args.cluster_only {
+        if args.nodes.is_empty() {
+            bail!("--cluster-only needs --nodes");
+        }
+        servers.clear();
+    }
+    for &n in &args.nodes {
+        if n == 0 {
+            bail!("--nodes counts must be at least 1");
+        }
+        servers.push(Server {
+            kind: Kind::Herald,
+            plugin: args.plugin.as_deref(),
+            label: format!("cluster-{n}"),
+            bin: None,
+            nodes: Some(n),
         });
     }
     match args.baseline {
@@ -323,12 +361,14 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
             plugin: None,
             label: "raw".into(),
             bin: None,
+            nodes: None,
         }),
         Some(Baseline::NoPlugin) => servers.push(Server {
             kind: Kind::Herald,
             plugin: None,
             label: "herald-no-plugin".into(),
             bin: None,
+            nodes: None,
         }),
         None => {}
     }
@@ -338,6 +378,7 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
             plugin: None,
             label: p.kind().as_str().into(),
             bin: None,
+            nodes: None,
         });
     }
     // Peers take one message per request; with a peer in the run every server
@@ -651,7 +692,16 @@ async fn one(
 ) -> anyhow::Result<Outcome> {
     let c = &args.common;
     let kind = srv.kind;
-    let mut server = start_bin(kind, c, srv.plugin, srv.bin.unwrap_or(&c.herald)).await?;
+    let mut server = match (srv.nodes, &args.cluster_db) {
+        (Some(n), Some(db)) => {
+            let t = Target::herald_cluster(&c.herald, &c.herald_args, n, db).await?;
+            if let Some(p) = srv.plugin {
+                t.install_plugin(p).await?;
+            }
+            t
+        }
+        _ => start_bin(kind, c, srv.plugin, srv.bin.unwrap_or(&c.herald)).await?,
+    };
     let left = deadline.saturating_duration_since(Instant::now());
     let spec = PoolSpec {
         channels: plan.channels,
@@ -678,7 +728,15 @@ async fn one(
 
     let sent = publish_plan(&server, plan, split, deadline).await?;
     let publish_secs = t0.elapsed().as_secs_f64();
-    let offered = sent.delivered;
+    // A cluster answers once the log has the message, before any node
+    // delivered it: what is offered is every subscription of its channel.
+    let offered = match srv.nodes {
+        Some(_) => {
+            let subscriptions = ready.connected as u64 * args.subs_per_conn.clamp(1, plan.channels) as u64;
+            sent.messages * subscriptions / plan.channels as u64
+        }
+        None => sent.delivered,
+    };
     let drained = drain(&mut pool, offered, args.drain_secs, deadline).await?;
     let window_secs = t0.elapsed().as_secs_f64();
     let (s1, p1, w1) = (server.cpu_secs()?, procs::cpu_secs(me)?, pool.cpu_secs());

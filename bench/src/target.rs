@@ -144,6 +144,60 @@ impl Target {
         Ok(t)
     }
 
+    /// Starts `nodes` Herald processes in cluster mode on one port
+    /// (SO_REUSEPORT) and a fresh registry database on the Postgres at
+    /// `db_url` (a throwaway one): every publish goes through the registry's
+    /// log and every node delivers it to the clients the kernel gave it.
+    pub async fn herald_cluster(
+        bin: &Path,
+        extra_args: &[String],
+        nodes: usize,
+        db_url: &str,
+    ) -> anyhow::Result<Target> {
+        let name = format!("herald_bench_{}", crate::client::now_nanos() % 1_000_000_000);
+        let admin = sqlx::PgPool::connect(db_url)
+            .await
+            .context("connecting to --cluster-db")?;
+        sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await
+            .context("creating the cluster's registry database")?;
+        admin.close().await;
+        let (root, _) = db_url
+            .rsplit_once('/')
+            .context("--cluster-db must end in /database")?;
+        let url = format!("{root}/{name}");
+        let mut extra = extra_args.to_vec();
+        extra.extend(["--cluster".into(), "--database-url".into(), url]);
+        if nodes > 1 {
+            extra.push("--reuse-port".into());
+        }
+        let mut first = extra.clone();
+        first.extend(["--node-id".into(), "bench-0".into()]);
+        let mut t = Target::herald_one(bin, &first).await?;
+        for n in 1..nodes {
+            let log = t._dir.path().join(format!("herald-{n}.log"));
+            let mut cmd = herald_command(bin, t.addr, &t._dir.path().join(n.to_string()), &t.admin);
+            cmd.args(["--node-id", &format!("bench-{n}")]).args(&extra);
+            let child = spawn_logged(&mut cmd, &log, &format!("{} #{n}", bin.display()))?;
+            let mut guard = ChildGuard::new(format!("herald #{n}"), child);
+            let until = tokio::time::Instant::now() + READY_TIMEOUT;
+            // Listening comes after the tenants are loaded (the bench tenant too).
+            loop {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                if text.contains("herald listening") {
+                    break;
+                }
+                if guard.exited().is_some() || tokio::time::Instant::now() > until {
+                    bail!("herald #{n} did not start; log:\n{}", procs::tail(&log, 20));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            t.others.push(guard);
+        }
+        Ok(t)
+    }
+
     async fn herald_one(bin: &Path, extra_args: &[String]) -> anyhow::Result<Target> {
         if !bin.is_file() {
             bail!("{} not found; build it with `cargo build --release -p herald-host` or pass --herald", bin.display());
