@@ -4,8 +4,8 @@
 //! lost, stops everything it started and records nothing.
 //!
 //! The peers come from `bench/peers/install.sh` (run by `scripts/test.sh`;
-//! the bench itself runs it when a peer is missing). The outbox scenario runs
-//! when `HERALD_TEST_POSTGRES_URL` names a Postgres.
+//! the bench itself runs it when a peer is missing). The outbox and cluster
+//! scenarios run when `HERALD_TEST_POSTGRES_URL` names a Postgres.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -175,4 +175,21 @@ fn outbox_ingest() {
         return;
     }
     ingest_checked(&["ingest", "--source", "outbox"]);
+}
+
+#[test]
+fn fanout_over_a_cluster() {
+    if std::env::var("HERALD_TEST_POSTGRES_URL").map_or(true, |u| u.is_empty()) {
+        assert!(
+            std::env::var("HERALD_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+            "HERALD_REQUIRE_POSTGRES=1 but HERALD_TEST_POSTGRES_URL is not set"
+        );
+        eprintln!("HERALD_TEST_POSTGRES_URL is not set; skipping the cluster smoke run");
+        return;
+    }
+    let text = smoke(&["fanout", "--nodes", "1,2"]);
+    assert!(
+        text.contains("herald / cluster-2"),
+        "no cluster figure:\n{text}"
+    );
 }
