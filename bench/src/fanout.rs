@@ -732,7 +732,8 @@ async fn one(
     // delivered it: what is offered is every subscription of its channel.
     let offered = match srv.nodes {
         Some(_) => {
-            let subscriptions = ready.connected as u64 * args.subs_per_conn.clamp(1, plan.channels) as u64;
+            let subscriptions =
+                ready.connected as u64 * args.subs_per_conn.clamp(1, plan.channels) as u64;
             sent.messages * subscriptions / plan.channels as u64
         }
         None => sent.delivered,

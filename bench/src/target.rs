@@ -154,7 +154,10 @@ impl Target {
         nodes: usize,
         db_url: &str,
     ) -> anyhow::Result<Target> {
-        let name = format!("herald_bench_{}", crate::client::now_nanos() % 1_000_000_000);
+        let name = format!(
+            "herald_bench_{}",
+            crate::client::now_nanos() % 1_000_000_000
+        );
         let admin = sqlx::PgPool::connect(db_url)
             .await
             .context("connecting to --cluster-db")?;

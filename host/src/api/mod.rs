@@ -36,15 +36,16 @@ pub enum ApiError {
     #[error("{0}")]
     Unprocessable(String),
     /// HTTP publish on a tenant whose messages come from another source.
-    #[error("tenant {0:?} reads from its {1} source; publish into that source (an HTTP publish would take positions the source cannot agree with), or set the source to http")]
+    #[error("tenant {0:?} reads from its {1} source; write into that source (an HTTP publish would take positions the source cannot agree with), or set the source to http or kafka")]
     SourceNotHttp(String, &'static str),
     #[error("rate limit exceeded")]
     RateLimited(Duration),
     #[error("server is shutting down")]
     Unavailable,
-    /// Cluster mode: the shared publish log could not be written.
-    #[error("the cluster's publish log cannot be written just now; nothing was published, retry")]
-    LogUnavailable(String),
+    /// The place a publish goes (cluster mode's shared log, a Kafka topic)
+    /// did not confirm the write: (which, the cause, logged only).
+    #[error("the {0} did not confirm the write; retry (a record not confirmed may still be delivered once)")]
+    SourceUnavailable(&'static str, String),
     /// The tenant's plugin failed on this batch; nothing of it was published.
     #[error("transform failed ({0}); the batch was dead-lettered: {1}")]
     TransformFailed(&'static str, String),
@@ -63,7 +64,8 @@ impl ApiError {
             ApiError::SourceNotHttp(..) => "source_not_http",
             ApiError::RateLimited(_) => "rate_limited",
             ApiError::Unavailable => "unavailable",
-            ApiError::LogUnavailable(_) => "log_unavailable",
+            ApiError::SourceUnavailable("publish log", _) => "log_unavailable",
+            ApiError::SourceUnavailable(..) => "source_unavailable",
             ApiError::TransformFailed(..) => "transform_failed",
             ApiError::Internal(_) => "internal",
         }
@@ -91,8 +93,8 @@ impl IntoResponse for ApiError {
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::LogUnavailable(cause) => {
-                tracing::warn!(%cause, "publish refused: the publish log cannot be written");
+            ApiError::SourceUnavailable(what, cause) => {
+                tracing::warn!(what, %cause, "publish not confirmed");
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::TransformFailed(..) => StatusCode::BAD_GATEWAY,
@@ -104,7 +106,7 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({"error": {"code": self.code(), "message": self.to_string()}});
         let mut resp = (status, Json(body)).into_response();
         match &self {
-            ApiError::LogUnavailable(_) => {
+            ApiError::SourceUnavailable(..) => {
                 resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
             }
             ApiError::RateLimited(wait) => {

@@ -12,6 +12,7 @@ use crate::ingest;
 use crate::plugin::batch::SourceRecord;
 use crate::proto;
 use crate::registry::now_ms;
+use crate::source::kafka::produce::{self, ProduceError, Publisher};
 use crate::tenant::Tenant;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -90,10 +91,14 @@ async fn publish(
             return Err(ApiError::Unauthorized);
         }
     }
-    // Positions come from one source per tenant: a publish beside an outbox or
-    // Kafka would move channels ahead of rows still to come.
-    let source = tenant.source.lock().config.kind();
-    if source != "http" {
+    // Positions come from one source per tenant: a publish beside an outbox
+    // would move channels ahead of rows still to come; into Kafka it goes
+    // through the topic.
+    let (source, kafka) = {
+        let slot = tenant.source.lock();
+        (slot.config.kind(), slot.publisher.clone())
+    };
+    if source != "http" && kafka.is_none() {
         tenant.metrics.publish_rejected("source_not_http");
         return Err(ApiError::SourceNotHttp(tenant.id.to_string(), source));
     }
@@ -139,6 +144,9 @@ async fn publish(
         tenant.metrics.publish_rejected("rate_limited");
         return Err(ApiError::RateLimited(wait));
     }
+    if let Some(kafka) = kafka {
+        return produced(&kafka, &tenant, &items, batch).await;
+    }
     if let Some(cluster) = &app.cluster {
         return logged(cluster, &tenant, &items, batch).await;
     }
@@ -183,6 +191,48 @@ async fn publish(
     Ok((StatusCode::OK, Json(body)).into_response())
 }
 
+/// A Kafka tenant: the batch is produced into its topic, answered once the
+/// brokers acknowledged every record; every node delivers it from there.
+async fn produced(
+    kafka: &Publisher,
+    tenant: &Tenant,
+    items: &[PublishItem],
+    batch: bool,
+) -> Result<Response, ApiError> {
+    let records: Vec<produce::Item<'_>> = items
+        .iter()
+        .map(|i| produce::Item {
+            channel: &i.ch,
+            key: i.key.as_deref(),
+            payload: i.data.get().as_bytes(),
+        })
+        .collect();
+    let written = kafka.publish(&records).await.map_err(|e| match e {
+        ProduceError::Bad(m) => ApiError::BadRequest(m),
+        ProduceError::Unavailable(m) => ApiError::SourceUnavailable("Kafka topic", m),
+    })?;
+    let transform = tenant.plugin().is_some_and(|p| p.info.hooks.transform);
+    let results: Vec<serde_json::Value> = items
+        .iter()
+        .zip(&written)
+        .map(|(i, w)| {
+            // The consumer publishes the record's message at offset + 1.
+            let seq = (!transform).then(|| (w.offset as u64 + 1) * MESSAGES_PER_RECORD);
+            serde_json::json!({"ch": i.ch, "seq": seq, "partition": w.partition, "offset": w.offset})
+        })
+        .collect();
+    Ok(answer(results, batch))
+}
+
+fn answer(mut results: Vec<serde_json::Value>, batch: bool) -> Response {
+    let body = if batch || results.len() != 1 {
+        serde_json::json!({ "results": results })
+    } else {
+        results.pop().unwrap_or_default()
+    };
+    (StatusCode::OK, Json(body)).into_response()
+}
+
 /// Cluster mode: the batch goes into the shared log, answered once it is
 /// committed there; every node (this one too) delivers it from the log.
 async fn logged(
@@ -201,11 +251,11 @@ async fn logged(
         .collect();
     let ids = log::append(cluster, &tenant.id, &entries)
         .await
-        .map_err(|e| ApiError::LogUnavailable(e.to_string()))?;
+        .map_err(|e| ApiError::SourceUnavailable("publish log", e.to_string()))?;
     // Each row is one record: its message is published at id × 1000 on every
     // node, unless the tenant's transform makes other messages of it.
     let transform = tenant.plugin().is_some_and(|p| p.info.hooks.transform);
-    let mut results: Vec<serde_json::Value> = items
+    let results: Vec<serde_json::Value> = items
         .iter()
         .zip(&ids)
         .map(|(i, &id)| {
@@ -213,10 +263,5 @@ async fn logged(
             serde_json::json!({"ch": i.ch, "seq": seq, "position": id, "logged": true})
         })
         .collect();
-    let body = if batch || results.len() != 1 {
-        serde_json::json!({ "results": results })
-    } else {
-        results.pop().unwrap_or_default()
-    };
-    Ok((StatusCode::OK, Json(body)).into_response())
+    Ok(answer(results, batch))
 }

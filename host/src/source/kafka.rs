@@ -42,6 +42,7 @@ use tokio_util::task::AbortOnDropHandle;
 mod brokers;
 mod options;
 mod partitions;
+pub mod produce;
 mod watch;
 
 pub use options::KafkaOptions;

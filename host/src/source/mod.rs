@@ -200,6 +200,8 @@ impl Health {
 pub struct SourceSlot {
     pub config: SourceConfig,
     pub health: Arc<Mutex<Health>>,
+    /// Kafka: HTTP publishes are produced into the topic (made on first use).
+    pub publisher: Option<Arc<kafka::produce::Publisher>>,
     stop: CancellationToken,
     done: Option<tokio::task::JoinHandle<()>>,
     /// Held for the whole of a change (`start`): one change at a time.
@@ -211,6 +213,7 @@ impl Default for SourceSlot {
         SourceSlot {
             config: SourceConfig::Http,
             health: Arc::new(Mutex::new(Health::new("http"))),
+            publisher: None,
             stop: CancellationToken::new(),
             done: None,
             turn: Arc::default(),
@@ -362,9 +365,25 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
     // A session connected while the old source was stalled must not keep
     // believing it: the new source starts fresh.
     let was_stalled = slot.health.lock().state == SourceState::Stalled;
+    let publisher = match &config {
+        SourceConfig::Kafka {
+            brokers,
+            topics,
+            channel_from,
+            options,
+            ..
+        } => Some(Arc::new(kafka::produce::Publisher::new(
+            brokers,
+            topics,
+            options,
+            channel_from.as_deref(),
+        ))),
+        _ => None,
+    };
     *slot = SourceSlot {
         config,
         health,
+        publisher,
         stop,
         done,
         turn: turn.clone(),

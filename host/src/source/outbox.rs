@@ -672,11 +672,13 @@ impl Reader {
         Ok(cursor)
     }
 
-    /// Where a log reader without a cursor starts: at the tenant's first row
-    /// logged since it was created, at most [`LOG_CATCH_UP`] ago. A tenant
-    /// created through another node may get rows before this node has
-    /// started reading; they are not skipped. `None`: an outbox (which starts
-    /// at its latest row), or no such row.
+    /// Where a log reader without a cursor starts: after the tenant's last
+    /// row logged before it was created or more than [`LOG_CATCH_UP`] ago,
+    /// so a tenant created through another node loses none of its first rows
+    /// (rows logged before this node started reading are read, not skipped).
+    /// One query: a row committed meanwhile is newer than the window's start,
+    /// so it comes after the cursor. `None`: an outbox (which starts at its
+    /// latest row).
     async fn log_start(&self, pool: &PgPool) -> Result<Option<Cursor>, OutboxError> {
         if !matches!(self.origin, Origin::Log(_)) {
             return Ok(None);
@@ -685,10 +687,10 @@ impl Reader {
             Ok(t) => t.created_at_ms,
             Err(e) => return Err(OutboxError::Query(format!("reading the tenant: {e}"))),
         };
-        let first: Option<(String, i64)> = sqlx::query_as(
+        let before: Option<(String, i64)> = sqlx::query_as(
             "SELECT xid::text, id FROM herald_publish_log WHERE tenant_id = $1 \
-             AND created_at >= greatest(to_timestamp($2::float8 / 1000), now() - make_interval(secs => $3)) \
-             ORDER BY xid, id LIMIT 1",
+             AND created_at < greatest(to_timestamp($2::float8 / 1000), now() - make_interval(secs => $3)) \
+             ORDER BY xid DESC, id DESC LIMIT 1",
         )
         .bind(&*self.tenant.id)
         .bind(created as f64)
@@ -696,15 +698,14 @@ impl Reader {
         .fetch_optional(pool)
         .await
         .map_err(query_err)?;
-        first
-            .map(|(xid, id)| {
-                Ok(Cursor {
-                    xid: parse_xid(&xid)?,
-                    id: id - 1,
-                    legacy: None,
-                })
-            })
-            .transpose()
+        match before {
+            Some((xid, id)) => Ok(Some(Cursor {
+                xid: parse_xid(&xid)?,
+                id,
+                legacy: None,
+            })),
+            None => Ok(Some(Cursor::START)),
+        }
     }
 
     async fn store_cursor(&self, key: &str, cursor: &Cursor) -> Result<(), OutboxError> {

@@ -824,3 +824,57 @@ async fn a_node_new_to_a_tenant_reads_its_first_rows() {
     b.kill().await;
     reg.drop().await;
 }
+
+/// A Kafka tenant in a cluster: a publish through either node is produced
+/// into the topic, and both nodes deliver it at the same position.
+#[tokio::test]
+async fn a_kafka_publish_has_one_seq_on_every_node() {
+    let Some(reg) = Registry::new().await else {
+        return;
+    };
+    let kafka = rdkafka::mocking::MockCluster::new(1).unwrap();
+    kafka.create_topic("cl-k", 1, 1).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let a = node(&dir.path().join("a"), &reg.url, "a").await;
+    let b = node(&dir.path().join("b"), &reg.url, "b").await;
+    let key = create(&a, json!({"id":"cl-kafka","access":"public"})).await;
+    let source = json!({"kind":"kafka","brokers":kafka.bootstrap_servers(),"topics":["cl-k"]});
+    let (s, v) = a
+        .admin(Method::PUT, "/admin/v1/tenants/cl-kafka/source", source)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    for n in [&a, &b] {
+        within(
+            Duration::from_secs(5),
+            "the Kafka source live on both",
+            || async {
+                let (_, v) = n
+                    .admin(Method::GET, "/admin/v1/tenants/cl-kafka/source", json!({}))
+                    .await;
+                v["source"]["kind"] == "kafka" && v["health"]["state"] == "live"
+            },
+        )
+        .await;
+    }
+    let mut subs = [
+        a.subscriber("cl-kafka", "k").await,
+        b.subscriber("cl-kafka", "k").await,
+    ];
+    let mut answered = Vec::new();
+    for i in 0..6 {
+        let via = if i % 2 == 0 { &a } else { &b };
+        let (s, v) = via
+            .publish("cl-kafka", &key, json!({"ch":"k","data":{"i":i}}))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        answered.push(v["seq"].clone());
+    }
+    for ws in subs.iter_mut() {
+        let got = msgs(ws, 6).await;
+        let seqs: Vec<Value> = got.iter().map(|m| m["seq"].clone()).collect();
+        assert_eq!(seqs, answered, "the same positions on both nodes");
+    }
+    a.kill().await;
+    b.kill().await;
+    reg.drop().await;
+}

@@ -3,6 +3,7 @@
 //! are refused, and a broker outage reaches subscribers as stalled, then live.
 
 use crate::helpers::*;
+use crate::outbox::msgs;
 use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
@@ -443,5 +444,56 @@ async fn kafka_a_slow_batch_does_not_delay_the_stall() {
     cluster
         .broker_round_trip_time(1, Duration::from_millis(0))
         .unwrap();
+    h.stop().await;
+}
+
+/// HTTP publish on a Kafka tenant is produced into its topic and comes back
+/// through the consumer: the answer's `seq` is the one subscribers get, from
+/// the record's offset, as on every node.
+#[tokio::test]
+async fn http_publish_into_a_kafka_tenant_goes_through_the_topic() {
+    let (_cluster, h) = live_kafka_tenant("kpub", 1, "kpub").await;
+    let key = {
+        let (s, v) = h
+            .admin(
+                Method::POST,
+                "/admin/v1/tenants/kpub/publish-key",
+                Some(json!({})),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        v["publish_key"].as_str().unwrap().to_string()
+    };
+    let mut ws = h.ws("kpub").await;
+    ws.sub("c", 1).await;
+    let (s, one) = h
+        .publish("kpub", &key, json!({"ch":"c","data":{"n":0}}))
+        .await;
+    assert_eq!(s, 200, "{one}");
+    let (s, many) = h
+        .publish(
+            "kpub",
+            &key,
+            json!([{"ch":"c","data":{"n":1}},{"ch":"c","data":{"n":2},"key":"k"}]),
+        )
+        .await;
+    assert_eq!(s, 200, "{many}");
+    let mut answered = vec![one["seq"].clone()];
+    answered.extend(
+        many["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["seq"].clone()),
+    );
+    let got = msgs(&mut ws, 3).await;
+    let ns: Vec<Value> = got.iter().map(|m| m["data"]["n"].clone()).collect();
+    assert_eq!(ns, [json!(0), json!(1), json!(2)], "in order");
+    let seqs: Vec<Value> = got.iter().map(|m| m["seq"].clone()).collect();
+    assert_eq!(seqs, answered, "the answered positions");
+    assert_eq!(
+        got[0]["seq"],
+        json!((one["offset"].as_u64().unwrap() + 1) * 1000)
+    );
     h.stop().await;
 }

@@ -1,0 +1,174 @@
+//! HTTP publish into a Kafka tenant's topic (DESIGN.md, "Scale-out"): the
+//! message lands in the source every node reads, and reaches subscribers
+//! only through the consumer, at the record's position — the same `seq` on
+//! every node, the receiving one included.
+//!
+//! Owns: the tenant's producer (made on first use; idempotent, `acks=all`),
+//! how a publish item becomes a record (its channel where the source reads
+//! channels from: a header, the key or the topic), and waiting for the
+//! brokers' acknowledgement. Invariant: a publish is answered only after
+//! every record of it was acknowledged (or says which were not). Never:
+//! delivers anything itself.
+
+use super::{client_error, options::KafkaOptions, ChannelFrom, TUNING};
+use rdkafka::config::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// How long a record may wait for the brokers before its publish fails.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One message to produce.
+pub struct Item<'a> {
+    pub channel: &'a str,
+    pub key: Option<&'a str>,
+    pub payload: &'a [u8],
+}
+
+/// Where the brokers stored a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    pub topic_index: usize,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProduceError {
+    /// The item cannot be expressed in this source (answered 400).
+    #[error("{0}")]
+    Bad(String),
+    /// The brokers did not acknowledge (answered 503).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// A Kafka tenant's way in.
+pub struct Publisher {
+    brokers: String,
+    topics: Vec<String>,
+    options: KafkaOptions,
+    channel_from: ChannelFrom,
+    producer: OnceLock<Result<FutureProducer, String>>,
+}
+
+impl Publisher {
+    pub fn new(
+        brokers: &str,
+        topics: &[String],
+        options: &KafkaOptions,
+        channel_from: Option<&str>,
+    ) -> Publisher {
+        Publisher {
+            brokers: brokers.to_string(),
+            topics: topics.to_vec(),
+            options: options.clone(),
+            channel_from: ChannelFrom::parse(channel_from)
+                .unwrap_or(ChannelFrom::Header("channel".into())),
+            producer: OnceLock::new(),
+        }
+    }
+
+    fn producer(&self) -> Result<&FutureProducer, ProduceError> {
+        self.producer
+            .get_or_init(|| {
+                let mut c = ClientConfig::new();
+                for (k, v) in TUNING.iter().filter(|(k, _)| !k.starts_with("fetch.")) {
+                    c.set(*k, *v);
+                }
+                for (k, v) in self.options.iter() {
+                    c.set(k, v);
+                }
+                c.set("bootstrap.servers", &self.brokers)
+                    .set("enable.idempotence", "true")
+                    .set("acks", "all")
+                    .set("linger.ms", "1")
+                    .set(
+                        "message.timeout.ms",
+                        DELIVERY_TIMEOUT.as_millis().to_string(),
+                    );
+                c.create().map_err(client_error)
+            })
+            .as_ref()
+            .map_err(|e| ProduceError::Unavailable(e.clone()))
+    }
+
+    /// The topic an item goes to, and whether this source can carry it.
+    fn topic_of(&self, item: &Item<'_>) -> Result<usize, ProduceError> {
+        match &self.channel_from {
+            ChannelFrom::Topic => self
+                .topics
+                .iter()
+                .position(|t| t == item.channel)
+                .ok_or_else(|| {
+                    ProduceError::Bad(format!(
+                        "ch: this tenant's channels are its topics ({}); {:?} is not one",
+                        self.topics.join(", "),
+                        item.channel
+                    ))
+                }),
+            ChannelFrom::Key if item.key.is_some() => Err(ProduceError::Bad(
+                "key: this tenant's channel is the Kafka key; a publish cannot set another".into(),
+            )),
+            _ => Ok(0),
+        }
+    }
+
+    /// Checks every item before anything is produced.
+    pub fn check(&self, items: &[Item<'_>]) -> Result<(), ProduceError> {
+        items.iter().try_for_each(|i| self.topic_of(i).map(drop))
+    }
+
+    /// Produces every item and waits for the brokers; the positions in order.
+    pub async fn publish(&self, items: &[Item<'_>]) -> Result<Vec<Written>, ProduceError> {
+        self.check(items)?;
+        let producer = self.producer()?;
+        let mut pending = Vec::with_capacity(items.len());
+        for item in items {
+            let topic_index = self.topic_of(item)?;
+            let topic = &self.topics[topic_index];
+            let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(item.payload);
+            let key = match &self.channel_from {
+                ChannelFrom::Key => Some(item.channel.as_bytes()),
+                _ => item.key.map(str::as_bytes),
+            };
+            if let Some(k) = key {
+                record = record.key(k);
+            }
+            if let ChannelFrom::Header(name) = &self.channel_from {
+                record = record.headers(OwnedHeaders::new().insert(Header {
+                    key: name,
+                    value: Some(item.channel.as_bytes()),
+                }));
+            }
+            let delivery = producer
+                .send_result(record)
+                .map_err(|(e, _)| ProduceError::Unavailable(format!("kafka: {e}")))?;
+            pending.push((topic_index, delivery));
+        }
+        let mut written = Vec::with_capacity(pending.len());
+        let mut failed = Vec::new();
+        for (i, (topic_index, delivery)) in pending.into_iter().enumerate() {
+            match delivery.await {
+                Ok(Ok(d)) => written.push(Written {
+                    topic_index,
+                    partition: d.partition,
+                    offset: d.offset,
+                }),
+                Ok(Err((e, _))) => failed.push(format!("[{i}]: {e}")),
+                Err(_) => failed.push(format!("[{i}]: the producer went away")),
+            }
+        }
+        if !failed.is_empty() {
+            return Err(ProduceError::Unavailable(format!(
+                "{} of {} records not acknowledged by the brokers ({}); the others were",
+                failed.len(),
+                items.len(),
+                failed.join("; ")
+            )));
+        }
+        Ok(written)
+    }
+}
