@@ -878,3 +878,42 @@ async fn a_kafka_publish_has_one_seq_on_every_node() {
     b.kill().await;
     reg.drop().await;
 }
+
+/// A change that sends no NOTIFY (written with the triggers off: a restore,
+/// a replica promoted) is found by the periodic reconcile.
+#[tokio::test]
+async fn the_periodic_reconcile_finds_a_silent_change() {
+    let Some(reg) = Registry::new().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let a = node(&dir.path().join("a"), &reg.url, "a").await;
+    let key = create(&a, json!({"id":"cl-quiet","access":"public"})).await;
+    create(&a, json!({"id":"cl-quiet2","access":"public"})).await;
+    let db = sqlx::PgPool::connect(&reg.url).await.unwrap();
+    sqlx::raw_sql(
+        "ALTER TABLE tenants DISABLE TRIGGER herald_tenants_notify; \
+         UPDATE tenants SET publish_key_sha256 = repeat('0', 64) WHERE id = 'cl-quiet'; \
+         DELETE FROM tenants WHERE id = 'cl-quiet2'; \
+         ALTER TABLE tenants ENABLE TRIGGER herald_tenants_notify;",
+    )
+    .execute(&db)
+    .await
+    .unwrap();
+    // --reconcile-secs 1: within about a second both are applied.
+    within(
+        Duration::from_secs(4),
+        "the silent changes applied",
+        || async {
+            a.publish("cl-quiet", &key, json!({"ch":"q","data":1}))
+                .await
+                .0
+                == 401
+                && a.ws("cl-quiet2", "").await.err().map(|e| e.0) == Some(404)
+        },
+    )
+    .await;
+    db.close().await;
+    a.kill().await;
+    reg.drop().await;
+}
