@@ -348,8 +348,11 @@ impl Wake<'_> {
 }
 
 /// The log reader's safety-net poll: the watch rings on every NOTIFY and
-/// on every reconnect, so this only covers a lost notification.
-const LOG_POLL: Duration = Duration::from_secs(2);
+/// on every reconnect, and rows held back behind an open transaction are
+/// re-checked on their own schedule (`HOLD_RECHECK`), so this only covers a
+/// notification lost on a live connection. Long: every tenant of every node
+/// polls the one registry.
+const LOG_POLL: Duration = Duration::from_secs(30);
 /// How far back a log reader without a cursor (a node new to the tenant)
 /// starts reading: a tenant just created elsewhere loses none of its first
 /// rows, and a node joining later replays seconds, not the log's retention.
