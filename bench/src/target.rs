@@ -123,25 +123,39 @@ impl Target {
         }
         let mut t = Target::herald_one(bin, &extra).await?;
         for n in 1..processes {
-            let log = t._dir.path().join(format!("herald-{n}.log"));
-            let mut cmd = herald_command(bin, t.addr, t._dir.path(), &t.admin);
-            cmd.args(["--node-id", &format!("bench-{n}")]).args(&extra);
-            let child = spawn_logged(&mut cmd, &log, &format!("{} #{n}", bin.display()))?;
-            let mut guard = ChildGuard::new(format!("herald #{n}"), child);
-            let until = tokio::time::Instant::now() + READY_TIMEOUT;
-            loop {
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                if text.contains("herald listening") {
-                    break;
-                }
-                if guard.exited().is_some() || tokio::time::Instant::now() > until {
-                    bail!("herald #{n} did not start; log:\n{}", procs::tail(&log, 20));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            t.others.push(guard);
+            let dir = t._dir.path().to_path_buf();
+            t.add_process(bin, n, &dir, &extra).await?;
         }
         Ok(t)
+    }
+
+    /// Starts Herald process `n` on this target's port with its data in
+    /// `data`, and waits until it listens (its tenants loaded).
+    async fn add_process(
+        &mut self,
+        bin: &Path,
+        n: usize,
+        data: &Path,
+        extra: &[String],
+    ) -> anyhow::Result<()> {
+        let log = self._dir.path().join(format!("herald-{n}.log"));
+        let mut cmd = herald_command(bin, self.addr, data, &self.admin);
+        cmd.args(["--node-id", &format!("bench-{n}")]).args(extra);
+        let child = spawn_logged(&mut cmd, &log, &format!("{} #{n}", bin.display()))?;
+        let mut guard = ChildGuard::new(format!("herald #{n}"), child);
+        let until = tokio::time::Instant::now() + READY_TIMEOUT;
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("herald listening") {
+                break;
+            }
+            if guard.exited().is_some() || tokio::time::Instant::now() > until {
+                bail!("herald #{n} did not start; log:\n{}", procs::tail(&log, 20));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.others.push(guard);
+        Ok(())
     }
 
     /// Starts `nodes` Herald processes in cluster mode on one port
@@ -179,24 +193,8 @@ impl Target {
         first.extend(["--node-id".into(), "bench-0".into()]);
         let mut t = Target::herald_one(bin, &first).await?;
         for n in 1..nodes {
-            let log = t._dir.path().join(format!("herald-{n}.log"));
-            let mut cmd = herald_command(bin, t.addr, &t._dir.path().join(n.to_string()), &t.admin);
-            cmd.args(["--node-id", &format!("bench-{n}")]).args(&extra);
-            let child = spawn_logged(&mut cmd, &log, &format!("{} #{n}", bin.display()))?;
-            let mut guard = ChildGuard::new(format!("herald #{n}"), child);
-            let until = tokio::time::Instant::now() + READY_TIMEOUT;
-            // Listening comes after the tenants are loaded (the bench tenant too).
-            loop {
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                if text.contains("herald listening") {
-                    break;
-                }
-                if guard.exited().is_some() || tokio::time::Instant::now() > until {
-                    bail!("herald #{n} did not start; log:\n{}", procs::tail(&log, 20));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            t.others.push(guard);
+            let dir = t._dir.path().join(n.to_string());
+            t.add_process(bin, n, &dir, &extra).await?;
         }
         Ok(t)
     }

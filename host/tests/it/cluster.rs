@@ -5,12 +5,12 @@
 //! node resumes without a gap.
 
 use crate::helpers::*;
-use crate::outbox::pg_url;
+use crate::outbox::{msgs, pg_url};
 use futures_util::StreamExt;
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
@@ -19,11 +19,13 @@ use tokio::net::{TcpListener, TcpStream};
 /// loaded test machine takes to answer the probe itself.
 const PROPAGATION: Duration = Duration::from_millis(1500);
 
-/// A fresh registry database on the test server, dropped at the end.
+/// A fresh registry database on the test server and a directory for the
+/// nodes' data; `finish` kills the nodes and drops the database.
 struct Registry {
     admin: sqlx::PgPool,
     name: String,
     pub url: String,
+    dir: tempfile::TempDir,
 }
 
 impl Registry {
@@ -37,10 +39,52 @@ impl Registry {
             .unwrap();
         let (root, _) = base.rsplit_once('/').unwrap();
         let url = format!("{root}/{name}");
-        Some(Registry { admin, name, url })
+        let dir = tempfile::tempdir().unwrap();
+        Some(Registry {
+            admin,
+            name,
+            url,
+            dir,
+        })
     }
 
-    async fn drop(self) {
+    /// A node of the cluster, reconciling every second.
+    async fn node(&self, id: &str) -> Node {
+        self.node_with(id, &[]).await
+    }
+
+    /// A node of the cluster with flags of its own.
+    async fn node_with(&self, id: &str, extra: &[&str]) -> Node {
+        self.node_via(id, &self.url, extra).await
+    }
+
+    /// A node reaching the registry at `url` (through a proxy).
+    async fn node_via(&self, id: &str, url: &str, extra: &[&str]) -> Node {
+        let mut args = vec![
+            "--database-url",
+            url,
+            "--cluster",
+            "--node-id",
+            id,
+            "--reconcile-secs",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        Node::start(&self.dir.path().join(id), &args).await
+    }
+
+    async fn nodes(&self, ids: &[&str]) -> Vec<Node> {
+        let mut out = Vec::new();
+        for id in ids {
+            out.push(self.node(id).await);
+        }
+        out
+    }
+
+    async fn finish(self, nodes: impl IntoIterator<Item = Node>) {
+        for n in nodes {
+            n.kill().await;
+        }
         let _ = sqlx::raw_sql(&format!(
             "DROP DATABASE IF EXISTS {} WITH (FORCE)",
             self.name
@@ -50,29 +94,78 @@ impl Registry {
     }
 }
 
-/// A node of the cluster on `url`, reconciling every second.
-async fn node(dir: &std::path::Path, url: &str, id: &str) -> Node {
-    Node::start(
-        dir,
-        &[
-            "--database-url",
-            url,
-            "--cluster",
-            "--node-id",
-            id,
-            "--reconcile-secs",
-            "1",
-        ],
-    )
-    .await
+/// Publishes `{"i": n}` to `ch` through a node every `every` until stopped.
+struct Steady {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<u64>,
 }
 
-async fn nodes(reg: &Registry, dir: &std::path::Path) -> Vec<Node> {
-    let mut out = Vec::new();
-    for id in ["a", "b", "c"] {
-        out.push(node(&dir.join(id), &reg.url, id).await);
+impl Steady {
+    fn start(via: &Node, tenant: &str, key: &str, ch: &str, every: Duration) -> Steady {
+        let (stop, sent) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let (http, url, key, ch) = (
+            via.http.clone(),
+            via.url(&format!("/v1/t/{tenant}/publish")),
+            key.to_string(),
+            ch.to_string(),
+        );
+        let (s, n) = (stop.clone(), sent.clone());
+        let task = tokio::spawn(async move {
+            let mut i = 0u64;
+            while !s.load(Ordering::Relaxed) && i < 3000 {
+                let r = http
+                    .post(&url)
+                    .bearer_auth(&key)
+                    .json(&json!({"ch":ch,"data":{"i":i}}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                i += 1;
+                n.store(i, Ordering::SeqCst);
+                tokio::time::sleep(every).await;
+            }
+            i
+        });
+        Steady { stop, sent, task }
     }
-    out
+
+    /// Publishes answered so far.
+    fn sent(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
+
+    /// Stops; returns how many were published.
+    async fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// Reads a client that moved to another node until it has the last of
+/// `published` messages (`{"i": n}`): no `gap` on the way, and `got` (what
+/// it had before the move, then this) is every message once, in order.
+async fn catch_up(moved: &mut Ws, got: &mut Vec<Value>, published: u64) {
+    let next = |got: &Vec<Value>| {
+        got.last()
+            .map_or(0, |m| m["data"]["i"].as_u64().unwrap() + 1)
+    };
+    while next(got) < published {
+        let m = moved.next().await;
+        assert_ne!(m["op"], "gap", "no gap after the move: {m}");
+        if m["op"] == "msg" {
+            got.push(m);
+        }
+    }
+    let is: Vec<u64> = got
+        .iter()
+        .map(|m| m["data"]["i"].as_u64().unwrap())
+        .collect();
+    assert_eq!(is, (0..published).collect::<Vec<_>>(), "every message once");
 }
 
 /// Polls `probe` until it holds; panics with `what` after `within`.
@@ -97,18 +190,6 @@ async fn create(n: &Node, body: Value) -> String {
     v["publish_key"].as_str().unwrap().to_string()
 }
 
-/// The next `msg` frames, `n` of them.
-async fn msgs(ws: &mut Ws, n: usize) -> Vec<Value> {
-    let mut out = Vec::new();
-    while out.len() < n {
-        let m = ws.next().await;
-        if m["op"] == "msg" {
-            out.push(m);
-        }
-    }
-    out
-}
-
 /// A tenant created, re-keyed, given a plugin and deleted through one node
 /// takes effect on the others within a second: the key rotated through B
 /// stops working on A and C, the plugin activated on B runs on A and C, and
@@ -118,8 +199,7 @@ async fn admin_changes_reach_every_node() {
     let Some(reg) = Registry::new().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let n = nodes(&reg, dir.path()).await;
+    let n = reg.nodes(&["a", "b", "c"]).await;
     let (a, b, c) = (&n[0], &n[1], &n[2]);
 
     let key = create(a, json!({"id":"cl-admin","access":"public"})).await;
@@ -206,10 +286,7 @@ async fn admin_changes_reach_every_node() {
         .collect();
     ids.sort();
     assert_eq!(ids, ["a", "b", "c"], "{view}");
-    for n in n {
-        n.kill().await;
-    }
-    reg.drop().await;
+    reg.finish(n).await;
 }
 
 /// A publish through A reaches subscribers on A, B and C in order and with
@@ -220,8 +297,7 @@ async fn a_publish_reaches_every_node_with_one_seq() {
     let Some(reg) = Registry::new().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let n = nodes(&reg, dir.path()).await;
+    let n = reg.nodes(&["a", "b", "c"]).await;
     let key = create(&n[0], json!({"id":"cl-pub","access":"public"})).await;
     let mut subs = Vec::new();
     for node in &n {
@@ -269,10 +345,7 @@ async fn a_publish_reaches_every_node_with_one_seq() {
             "node {node}: the seqs the publishes answered"
         );
     }
-    for n in n {
-        n.kill().await;
-    }
-    reg.drop().await;
+    reg.finish(n).await;
 }
 
 /// A node killed mid-stream: its clients reconnect to another node with the
@@ -283,8 +356,7 @@ async fn a_killed_node_s_clients_resume_elsewhere() {
     let Some(reg) = Registry::new().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let mut n = nodes(&reg, dir.path()).await;
+    let mut n = reg.nodes(&["a", "b", "c"]).await;
     let key = create(&n[1], json!({"id":"cl-fail","access":"public"})).await;
     for node in &n {
         within(PROPAGATION, "the tenant on every node", || async {
@@ -295,41 +367,13 @@ async fn a_killed_node_s_clients_resume_elsewhere() {
     let mut ws = n[0].ws("cl-fail", "").await.unwrap();
     let ack = ws.sub("s", 1).await;
     let epoch = ack["epoch"].as_u64().unwrap();
-    // A steady publisher through B.
-    let stop = Arc::new(AtomicBool::new(false));
-    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let publisher = {
-        let (http, url, key, stop, sent) = (
-            n[1].http.clone(),
-            n[1].url("/v1/t/cl-fail/publish"),
-            key.clone(),
-            stop.clone(),
-            sent.clone(),
-        );
-        tokio::spawn(async move {
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) && i < 2000 {
-                let r = http
-                    .post(&url)
-                    .bearer_auth(&key)
-                    .json(&json!({"ch":"s","data":{"i":i}}))
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(r.status(), 200);
-                i += 1;
-                sent.store(i, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            i
-        })
-    };
+    let publisher = Steady::start(&n[1], "cl-fail", &key, "s", Duration::from_millis(5));
     let before = msgs(&mut ws, 30).await;
     let a = n.remove(0);
     let killed = a.kill().await;
     // Message `answered` had not been answered yet, so the one after it was
     // published once A was dead: A never read it.
-    let answered = sent.load(Ordering::SeqCst) as usize;
+    let answered = publisher.sent() as usize;
     // Whatever was in flight to the client died with A.
     let last = before.last().unwrap()["seq"].as_u64().unwrap();
     let mut moved = n[1].ws("cl-fail", "").await.unwrap();
@@ -340,21 +384,9 @@ async fn a_killed_node_s_clients_resume_elsewhere() {
     assert_eq!(ack["op"], "ack", "{ack}");
     assert_eq!(ack["epoch"], epoch, "epochs mean the same on every node");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    let published = publisher.await.unwrap();
+    let published = publisher.stop().await;
     let mut got: Vec<Value> = before.clone();
-    while got.last().unwrap()["data"]["i"].as_u64().unwrap() + 1 < published {
-        let m = moved.next().await;
-        assert_ne!(m["op"], "gap", "no gap on the other node: {m}");
-        if m["op"] == "msg" {
-            got.push(m);
-        }
-    }
-    let is: Vec<u64> = got
-        .iter()
-        .map(|m| m["data"]["i"].as_u64().unwrap())
-        .collect();
-    assert_eq!(is, (0..published).collect::<Vec<_>>(), "every message once");
+    catch_up(&mut moved, &mut got, published).await;
     for w in got.windows(2) {
         assert_eq!(w[1]["prev"], w[0]["seq"]);
     }
@@ -391,10 +423,7 @@ async fn a_killed_node_s_clients_resume_elsewhere() {
         .collect();
     assert_eq!(is, want, "the restarted node caught up from its cursor");
     a.kill().await;
-    for n in n {
-        n.kill().await;
-    }
-    reg.drop().await;
+    reg.finish(n).await;
 }
 
 /// A loopback proxy to the registry that the test can cut and restore.
@@ -446,8 +475,7 @@ async fn a_cut_registry_connection_reconciles() {
     let Some(reg) = Registry::new().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let b = node(&dir.path().join("b"), &reg.url, "b").await;
+    let b = reg.node("b").await;
     let target: SocketAddr = {
         let rest = reg.url.split_once('@').unwrap().1;
         let hostport = rest.split_once('/').unwrap().0;
@@ -463,7 +491,7 @@ async fn a_cut_registry_connection_reconciles() {
         let path = rest.split_once('/').unwrap().1;
         format!("{scheme_user}@{}/{path}", proxy.addr)
     };
-    let a = node(&dir.path().join("a"), &via_proxy, "a").await;
+    let a = reg.node_via("a", &via_proxy, &[]).await;
     let gone_key = create(&b, json!({"id":"cl-gone","access":"public"})).await;
     let kept_key = create(&b, json!({"id":"cl-kept","access":"public"})).await;
     for t in ["cl-gone", "cl-kept"] {
@@ -486,17 +514,9 @@ async fn a_cut_registry_connection_reconciles() {
         },
     )
     .await;
-    let metrics = a
-        .http
-        .get(a.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics.lines().any(|l| l == "herald_registry_up 0"),
+    assert_eq!(
+        a.metric("herald_registry_up").await,
+        0.0,
         "the metric says so too"
     );
     // Meanwhile, through B: one tenant deleted, the other's key rotated.
@@ -551,9 +571,7 @@ async fn a_cut_registry_connection_reconciles() {
         },
     )
     .await;
-    a.kill().await;
-    b.kill().await;
-    reg.drop().await;
+    reg.finish([a, b]).await;
 }
 
 /// A deploy: SIGTERM on A turns it not-ready at once while it still serves,
@@ -564,23 +582,10 @@ async fn a_draining_node_lets_its_clients_go_gradually() {
     let Some(reg) = Registry::new().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let a = Node::start(
-        &dir.path().join("a"),
-        &[
-            "--database-url",
-            &reg.url,
-            "--cluster",
-            "--node-id",
-            "a",
-            "--drain-wait-secs",
-            "1",
-            "--drain-spread-secs",
-            "2",
-        ],
-    )
-    .await;
-    let b = node(&dir.path().join("b"), &reg.url, "b").await;
+    let a = reg
+        .node_with("a", &["--drain-wait-secs", "1", "--drain-spread-secs", "2"])
+        .await;
+    let b = reg.node("b").await;
     let key = create(&b, json!({"id":"cl-drain","access":"public"})).await;
     within(PROPAGATION, "the tenant on A", || async {
         a.ws("cl-drain", "").await.is_ok()
@@ -593,31 +598,7 @@ async fn a_draining_node_lets_its_clients_go_gradually() {
         let ack = ws.sub("d", 1).await;
         clients.push((ws, ack["epoch"].as_u64().unwrap()));
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let publisher = {
-        let (http, url, key, stop) = (
-            b.http.clone(),
-            b.url("/v1/t/cl-drain/publish"),
-            key.clone(),
-            stop.clone(),
-        );
-        tokio::spawn(async move {
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) && i < 3000 {
-                let r = http
-                    .post(&url)
-                    .bearer_auth(&key)
-                    .json(&json!({"ch":"d","data":{"i":i}}))
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(r.status(), 200);
-                i += 1;
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            i
-        })
-    };
+    let publisher = Steady::start(&b, "cl-drain", &key, "d", Duration::from_millis(10));
     tokio::time::sleep(Duration::from_millis(200)).await;
     let ready = a.url("/readyz");
     let http = a.http.clone();
@@ -671,8 +652,7 @@ async fn a_draining_node_lets_its_clients_go_gradually() {
         results.push(t.await.unwrap());
     }
     assert!(terminated.await.unwrap().success(), "A exited cleanly");
-    stop.store(true, Ordering::Relaxed);
-    let published = publisher.await.unwrap();
+    let published = publisher.stop().await;
     let mut closed: Vec<Duration> = results.iter().map(|r| r.1).collect();
     closed.sort();
     assert!(
@@ -685,25 +665,9 @@ async fn a_draining_node_lets_its_clients_go_gradually() {
     );
     for (code, _, mut got, mut moved) in results {
         assert_eq!(code, 1012, "a reconnect hint");
-        while got
-            .last()
-            .map_or(0, |m| m["data"]["i"].as_u64().unwrap() + 1)
-            < published
-        {
-            let m = moved.next().await;
-            assert_ne!(m["op"], "gap", "no gap after the move: {m}");
-            if m["op"] == "msg" {
-                got.push(m);
-            }
-        }
-        let is: Vec<u64> = got
-            .iter()
-            .map(|m| m["data"]["i"].as_u64().unwrap())
-            .collect();
-        assert_eq!(is, (0..published).collect::<Vec<_>>(), "every message once");
+        catch_up(&mut moved, &mut got, published).await;
     }
-    b.kill().await;
-    reg.drop().await;
+    reg.finish([b]).await;
 }
 
 /// Several processes on one machine share a port (SO_REUSEPORT): the kernel
@@ -714,7 +678,6 @@ async fn processes_share_a_port() {
     let Some(reg) = Registry::new().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
@@ -729,7 +692,7 @@ async fn processes_share_a_port() {
             id,
             "--reuse-port",
         ];
-        procs.push(Node::start_on(&dir.path().join(id), &args, port).await);
+        procs.push(Node::start_on(&reg.dir.path().join(id), &args, port).await);
     }
     let key = create(&procs[0], json!({"id":"cl-port","access":"public"})).await;
     // Whichever process a connection lands on, the tenant is there.
@@ -771,10 +734,7 @@ async fn processes_share_a_port() {
         },
     )
     .await;
-    for p in procs {
-        p.kill().await;
-    }
-    reg.drop().await;
+    reg.finish(procs).await;
 }
 
 /// A node that starts reading a tenant after its first publishes (the
@@ -785,8 +745,7 @@ async fn a_node_new_to_a_tenant_reads_its_first_rows() {
     let Some(reg) = Registry::new().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let a = node(&dir.path().join("a"), &reg.url, "a").await;
+    let a = reg.node("a").await;
     let key = create(&a, json!({"id":"cl-new","access":"public"})).await;
     let mut answered = Vec::new();
     for i in 0..5 {
@@ -796,7 +755,7 @@ async fn a_node_new_to_a_tenant_reads_its_first_rows() {
         assert_eq!(s, 200, "{v}");
         answered.push(v["seq"].clone());
     }
-    let b = node(&dir.path().join("b"), &reg.url, "b").await;
+    let b = reg.node("b").await;
     let mut ws = b.ws("cl-new", "").await.unwrap();
     let start = Instant::now();
     for id in 1.. {
@@ -820,9 +779,7 @@ async fn a_node_new_to_a_tenant_reads_its_first_rows() {
         ws.send(json!({"op":"unsub","ch":"n","id":1000 + id})).await;
         let _ = ws.next().await;
     }
-    a.kill().await;
-    b.kill().await;
-    reg.drop().await;
+    reg.finish([a, b]).await;
 }
 
 /// A Kafka tenant in a cluster: a publish through either node is produced
@@ -834,9 +791,8 @@ async fn a_kafka_publish_has_one_seq_on_every_node() {
     };
     let kafka = rdkafka::mocking::MockCluster::new(1).unwrap();
     kafka.create_topic("cl-k", 1, 1).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let a = node(&dir.path().join("a"), &reg.url, "a").await;
-    let b = node(&dir.path().join("b"), &reg.url, "b").await;
+    let a = reg.node("a").await;
+    let b = reg.node("b").await;
     let key = create(&a, json!({"id":"cl-kafka","access":"public"})).await;
     let source = json!({"kind":"kafka","brokers":kafka.bootstrap_servers(),"topics":["cl-k"]});
     let (s, v) = a
@@ -874,9 +830,7 @@ async fn a_kafka_publish_has_one_seq_on_every_node() {
         let seqs: Vec<Value> = got.iter().map(|m| m["seq"].clone()).collect();
         assert_eq!(seqs, answered, "the same positions on both nodes");
     }
-    a.kill().await;
-    b.kill().await;
-    reg.drop().await;
+    reg.finish([a, b]).await;
 }
 
 /// A change that sends no NOTIFY (written with the triggers off: a restore,
@@ -886,8 +840,7 @@ async fn the_periodic_reconcile_finds_a_silent_change() {
     let Some(reg) = Registry::new().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let a = node(&dir.path().join("a"), &reg.url, "a").await;
+    let a = reg.node("a").await;
     let key = create(&a, json!({"id":"cl-quiet","access":"public"})).await;
     create(&a, json!({"id":"cl-quiet2","access":"public"})).await;
     let db = sqlx::PgPool::connect(&reg.url).await.unwrap();
@@ -914,6 +867,5 @@ async fn the_periodic_reconcile_finds_a_silent_change() {
     )
     .await;
     db.close().await;
-    a.kill().await;
-    reg.drop().await;
+    reg.finish([a]).await;
 }

@@ -140,46 +140,27 @@ impl Host {
     }
 
     pub async fn publish(&self, tenant: &str, key: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .http
-            .post(self.url(&format!("/v1/t/{tenant}/publish")))
-            .bearer_auth(key)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let s = r.status().as_u16();
-        (s, r.json().await.unwrap_or(Value::Null))
+        publish_at(
+            &self.http,
+            &self.url(&format!("/v1/t/{tenant}/publish")),
+            key,
+            body,
+        )
+        .await
     }
 
     pub async fn metric(&self, name_and_labels: &str) -> f64 {
-        let text = self
-            .http
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .filter(|l| l.starts_with(name_and_labels))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        metric_at(&self.http, &self.url("/metrics"), name_and_labels).await
     }
 
     /// Uploads a component built from plugins/; returns (status, body).
     pub async fn upload_plugin(&self, tenant: &str, bytes: Vec<u8>) -> (u16, Value) {
-        let r = self
-            .http
-            .post(self.url(&format!("/admin/v1/tenants/{tenant}/plugins")))
-            .bearer_auth(ADMIN)
-            .body(bytes)
-            .send()
-            .await
-            .unwrap();
-        let s = r.status().as_u16();
-        (s, r.json().await.unwrap_or(Value::Null))
+        upload_at(
+            &self.http,
+            &self.url(&format!("/admin/v1/tenants/{tenant}/plugins")),
+            bytes,
+        )
+        .await
     }
 
     /// Uploads and activates a plugin; returns its version.
@@ -199,20 +180,7 @@ impl Host {
 
     /// Connects with a token in the query; returns the HTTP status on refusal.
     pub async fn ws_with(&self, tenant: &str, query: &str) -> Result<Ws, (u16, Value)> {
-        let url = format!("{}?{query}", self.ws_url(tenant));
-        match tokio_tungstenite::connect_async(url).await {
-            Ok((s, _)) => Ok(Ws { s }),
-            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
-                let status = r.status().as_u16();
-                let body = r
-                    .body()
-                    .as_ref()
-                    .and_then(|b| serde_json::from_slice(b).ok())
-                    .unwrap_or(Value::Null);
-                Err((status, body))
-            }
-            Err(e) => panic!("{e}"),
-        }
+        ws_at(&format!("{}?{query}", self.ws_url(tenant))).await
     }
 
     pub async fn ws(&self, tenant: &str) -> Ws {
@@ -248,6 +216,55 @@ impl Host {
             }
         }
         Sse { r, status: code }
+    }
+}
+
+/// The sum of the lines of the metrics at `url` starting with `name_and_labels`.
+async fn metric_at(http: &reqwest::Client, url: &str, name_and_labels: &str) -> f64 {
+    let text = http.get(url).send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name_and_labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `POST url` with a publish key and a JSON body; (status, body).
+async fn publish_at(http: &reqwest::Client, url: &str, key: &str, body: Value) -> (u16, Value) {
+    let r = http
+        .post(url)
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// `POST url` with the admin token and a component's bytes; (status, body).
+async fn upload_at(http: &reqwest::Client, url: &str, bytes: Vec<u8>) -> (u16, Value) {
+    let r = http
+        .post(url)
+        .bearer_auth(ADMIN)
+        .body(bytes)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// A WebSocket to `url`; the HTTP status and JSON body when refused.
+async fn ws_at(url: &str) -> Result<Ws, (u16, Value)> {
+    match tokio_tungstenite::connect_async(url).await {
+        Ok((s, _)) => Ok(Ws { s }),
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            let body = r
+                .body()
+                .as_ref()
+                .and_then(|b| serde_json::from_slice(b).ok())
+                .unwrap_or(Value::Null);
+            Err((r.status().as_u16(), body))
+        }
+        Err(e) => panic!("{e}"),
     }
 }
 
@@ -606,32 +623,27 @@ impl Node {
     }
 
     pub async fn publish(&self, tenant: &str, key: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .http
-            .post(self.url(&format!("/v1/t/{tenant}/publish")))
-            .bearer_auth(key)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+        publish_at(
+            &self.http,
+            &self.url(&format!("/v1/t/{tenant}/publish")),
+            key,
+            body,
+        )
+        .await
+    }
+
+    /// The sum of the metric lines starting with `name_and_labels`.
+    pub async fn metric(&self, name_and_labels: &str) -> f64 {
+        metric_at(&self.http, &self.url("/metrics"), name_and_labels).await
     }
 
     /// Opens a WebSocket; the HTTP status and body when refused.
     pub async fn ws(&self, tenant: &str, query: &str) -> Result<Ws, (u16, Value)> {
-        let url = format!("ws://127.0.0.1:{}/v1/t/{tenant}/ws?{query}", self.port);
-        match tokio_tungstenite::connect_async(url).await {
-            Ok((s, _)) => Ok(Ws { s }),
-            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
-                let body = r
-                    .body()
-                    .as_ref()
-                    .and_then(|b| serde_json::from_slice(b).ok())
-                    .unwrap_or(Value::Null);
-                Err((r.status().as_u16(), body))
-            }
-            Err(e) => panic!("{e}"),
-        }
+        ws_at(&format!(
+            "ws://127.0.0.1:{}/v1/t/{tenant}/ws?{query}",
+            self.port
+        ))
+        .await
     }
 
     pub async fn subscriber(&self, tenant: &str, ch: &str) -> Ws {
@@ -641,15 +653,12 @@ impl Node {
     }
 
     pub async fn upload_plugin(&self, tenant: &str, bytes: Vec<u8>) -> (u16, Value) {
-        let r = self
-            .http
-            .post(self.url(&format!("/admin/v1/tenants/{tenant}/plugins")))
-            .bearer_auth(ADMIN)
-            .body(bytes)
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+        upload_at(
+            &self.http,
+            &self.url(&format!("/admin/v1/tenants/{tenant}/plugins")),
+            bytes,
+        )
+        .await
     }
 
     /// Ends the process at once (SIGKILL): nothing is flushed or stored.

@@ -4,7 +4,6 @@
 use crate::helpers::*;
 use reqwest::Method;
 use serde_json::json;
-use std::time::Duration;
 
 #[tokio::test]
 async fn registry_survives_restart() {
@@ -117,49 +116,10 @@ async fn shutdown_closes_sessions_with_1001_and_ends_sse() {
 #[tokio::test]
 async fn sigterm_drains_the_real_binary() {
     let dir = tempfile::tempdir().unwrap();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args([
-            "serve",
-            "--demo",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--admin-token",
-            ADMIN,
-            "--log",
-            "warn",
-        ])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let url = format!("ws://127.0.0.1:{port}/v1/t/demo/ws");
-    let mut ws = None;
-    for _ in 0..100 {
-        if let Ok((s, _)) = tokio_tungstenite::connect_async(&url).await {
-            ws = Some(Ws { s });
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let mut ws = ws.expect("binary started");
-    ws.sub("c", 1).await;
-    let pid = child.id().unwrap().to_string();
-    let st = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let node = Node::start(dir.path(), &["--demo"]).await;
+    let mut ws = node.subscriber("demo", "c").await;
+    let status = node.terminate().await;
     assert_eq!(ws.closed().await.0, 1001);
-    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
-        .await
-        .unwrap()
-        .unwrap();
     assert!(status.success(), "{status}");
 }
 
