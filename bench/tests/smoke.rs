@@ -164,14 +164,23 @@ fn kafka_ingest() {
     ]);
 }
 
+/// Whether the test script gave a Postgres; without one the `what` smoke
+/// run is skipped, unless Postgres is required.
+fn postgres(what: &str) -> bool {
+    if std::env::var("HERALD_TEST_POSTGRES_URL").is_ok_and(|u| !u.is_empty()) {
+        return true;
+    }
+    assert!(
+        std::env::var("HERALD_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+        "HERALD_REQUIRE_POSTGRES=1 but HERALD_TEST_POSTGRES_URL is not set"
+    );
+    eprintln!("HERALD_TEST_POSTGRES_URL is not set; skipping the {what} smoke run");
+    false
+}
+
 #[test]
 fn outbox_ingest() {
-    if std::env::var("HERALD_TEST_POSTGRES_URL").map_or(true, |u| u.is_empty()) {
-        assert!(
-            std::env::var("HERALD_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-            "HERALD_REQUIRE_POSTGRES=1 but HERALD_TEST_POSTGRES_URL is not set"
-        );
-        eprintln!("HERALD_TEST_POSTGRES_URL is not set; skipping the outbox smoke run");
+    if !postgres("outbox") {
         return;
     }
     ingest_checked(&["ingest", "--source", "outbox"]);
@@ -179,12 +188,7 @@ fn outbox_ingest() {
 
 #[test]
 fn fanout_over_a_cluster() {
-    if std::env::var("HERALD_TEST_POSTGRES_URL").map_or(true, |u| u.is_empty()) {
-        assert!(
-            std::env::var("HERALD_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-            "HERALD_REQUIRE_POSTGRES=1 but HERALD_TEST_POSTGRES_URL is not set"
-        );
-        eprintln!("HERALD_TEST_POSTGRES_URL is not set; skipping the cluster smoke run");
+    if !postgres("cluster") {
         return;
     }
     let text = smoke(&["fanout", "--nodes", "1,2"]);
