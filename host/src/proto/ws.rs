@@ -80,6 +80,13 @@ impl FrameError {
 
 /// Close codes Herald sends.
 pub mod close {
+    /// Whether a peer may put `code` in a close frame (RFC 6455 §7.4): the
+    /// defined codes but 1004-1006 and 1015 (reserved, or only for APIs to
+    /// report that there was none), and 3000-4999 (libraries, applications).
+    pub fn may_be_sent(code: u16) -> bool {
+        matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
+    }
+
     pub const NORMAL: u16 = 1000;
     pub const GOING_AWAY: u16 = 1001;
     pub const PROTOCOL: u16 = 1002;
@@ -242,6 +249,12 @@ impl Assembler {
                     1 => return Err(FrameError::Protocol("close payload of one byte")),
                     _ => Some(u16::from_be_bytes([payload[0], payload[1]])),
                 };
+                if code.is_some_and(|c| !close::may_be_sent(c)) {
+                    return Err(FrameError::Protocol("close code that must not be sent"));
+                }
+                if payload.len() > 2 && std::str::from_utf8(&payload[2..]).is_err() {
+                    return Err(FrameError::BadUtf8);
+                }
                 Ok(Some(Message::Close(code)))
             }
             OpCode::Continuation => {
@@ -369,6 +382,42 @@ mod tests {
             .unwrap();
         assert_eq!(head.frame_len(), total);
         assert_eq!(&f[head.payload_start..head.frame_len()], &payload[..]);
+    }
+
+    /// A client's close frame with `payload`, through decode and reassembly.
+    fn client_close(payload: &[u8]) -> Result<Option<Message>, FrameError> {
+        let mut f = encode_client_frame(OpCode::Close, payload, [9, 8, 7, 6]).to_vec();
+        let head = decode_frame(&mut f, Role::FromClient, 1 << 10)?.expect("whole frame");
+        let body = f[head.payload_start..head.frame_len()].to_vec();
+        Assembler::default().push(head, &body, 1 << 10)
+    }
+
+    /// RFC 6455 §7.4 and §8.1, as the Autobahn suite's close cases check them.
+    #[test]
+    fn close_frames_conform() {
+        assert_eq!(client_close(b""), Ok(Some(Message::Close(None))));
+        for ok in [
+            1000u16, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 3000, 3999, 4000, 4999,
+        ] {
+            let mut p = ok.to_be_bytes().to_vec();
+            p.extend_from_slice("bye ✓".as_bytes());
+            assert_eq!(client_close(&p), Ok(Some(Message::Close(Some(ok)))), "{ok}");
+        }
+        // Codes a peer must never send fail the connection with 1002.
+        for bad in [0u16, 999, 1004, 1005, 1006, 1015, 1016, 2999, 5000, 65535] {
+            let e = client_close(&bad.to_be_bytes()).unwrap_err();
+            assert_eq!(e.close_code(), close::PROTOCOL, "{bad}");
+        }
+        assert_eq!(
+            client_close(&[3]).unwrap_err().close_code(),
+            close::PROTOCOL
+        );
+        // A reason that is not UTF-8 fails it with 1007.
+        let mut p = 1000u16.to_be_bytes().to_vec();
+        p.extend_from_slice(&[
+            0xce, 0xba, 0xe1, 0xbd, 0xb9, 0xcf, 0x83, 0xce, 0xbc, 0xce, 0xb5, 0xed, 0xa0, 0x80,
+        ]);
+        assert_eq!(client_close(&p).unwrap_err().close_code(), close::BAD_DATA);
     }
 
     #[test]
