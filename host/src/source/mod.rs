@@ -108,18 +108,48 @@ impl SourceConfig {
     }
 }
 
-/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
+/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`. The
+/// userinfo ends at the authority's last `@` (an unencoded `@` in a
+/// password stays hidden), and query parameters that carry secrets
+/// (`password=`, `sslpassword=`, anything with "secret" or "token") are
+/// hidden too.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    match rest.split_once('@') {
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let authority = match authority.rsplit_once('@') {
         Some((creds, host)) => match creds.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-            None => url.to_string(),
+            Some((user, _)) => format!("{user}:***@{host}"),
+            None => format!("{creds}@{host}"),
         },
-        None => url.to_string(),
-    }
+        None => authority.to_string(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let (query, fragment) = match query.split_once('#') {
+                Some((q, f)) => (q, Some(f)),
+                None => (query, None),
+            };
+            let params: Vec<String> = query
+                .split('&')
+                .map(|p| match p.split_once('=') {
+                    Some((k, _)) if secret_param(k) => format!("{k}=***"),
+                    _ => p.to_string(),
+                })
+                .collect();
+            let fragment = fragment.map(|f| format!("#{f}")).unwrap_or_default();
+            format!("{path}?{}{fragment}", params.join("&"))
+        }
+        None => tail.to_string(),
+    };
+    format!("{scheme}://{authority}{tail}")
+}
+
+fn secret_param(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.contains("password") || n.contains("secret") || n.contains("token")
 }
 
 /// A source's state as clients see it.
@@ -463,5 +493,32 @@ mod tests {
         assert!(e.to_string().contains("database_url"), "{e}");
         assert!(serde_json::from_str::<SourceConfig>(r#"{"kind":"carrier_pigeon"}"#).is_err());
         assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
+    }
+
+    /// Issue 11: no part of a secret in a source URL is shown.
+    #[test]
+    fn every_credential_in_a_url_is_hidden() {
+        for (url, shown) in [
+            ("postgres://u:p@ss@h:5/db", "postgres://u:***@h:5/db"),
+            (
+                "postgres://u:pw@h/db?sslmode=require&password=x&sslpassword=y",
+                "postgres://u:***@h/db?sslmode=require&password=***&sslpassword=***",
+            ),
+            (
+                "postgres://h/db?user=u&password=hunter2#f",
+                "postgres://h/db?user=u&password=***#f",
+            ),
+            ("postgres://u@h/db", "postgres://u@h/db"),
+            (
+                "postgres://u:pw@h?application_name=a",
+                "postgres://u:***@h?application_name=a",
+            ),
+            (
+                "postgres://h/db?Auth_Token=t",
+                "postgres://h/db?Auth_Token=***",
+            ),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
     }
 }
