@@ -161,6 +161,10 @@ fn record(tenant: &Tenant, t: &Tally) {
 /// Runs a batch through the tenant's plugin (if it transforms) and publishes it.
 /// `records` must name their channel when the tenant has no transform.
 pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outcome>, PluginError> {
+    // Never as if there were no plugin: the source holds its records.
+    if let Some(version) = tenant.plugin_unavailable() {
+        return Err(PluginError::Unavailable(version));
+    }
     let settings = tenant.settings();
     let plugin = tenant.plugin().filter(|p| p.info.hooks.transform);
     let outputs = match &plugin {

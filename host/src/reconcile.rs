@@ -157,21 +157,28 @@ async fn apply(app: &Arc<App>, rec: &TenantRecord) -> (Change, Option<Arc<Tenant
     if live != rec.active_plugin || (reload && live.is_some()) {
         match rec.active_plugin {
             None => {
-                tenant.set_plugin(None);
+                tenant.activate(None);
             }
             Some(v) => match app.load_plugin(&tenant, v).await {
                 Ok(p) => {
-                    tenant.set_plugin(Some(p));
+                    tenant.activate(Some(p));
                 }
-                // Retried by the next pass; until then the tenant keeps what
-                // it runs (none, for a new tenant: "plugin" access then
-                // refuses every connection).
+                // Until the active version runs here (the next pass tries
+                // again) the tenant refuses connections, publishes and source
+                // records with `plugin_unavailable`: it never serves as if it
+                // had no plugin. A reload with a new config that fails keeps
+                // the running load of the same version.
                 Err(e) => {
-                    tracing::error!(tenant = %rec.id, version = v, error = %e, "the active plugin failed to load; the tenant keeps what it ran")
+                    tenant.set_wanted_plugin(Some(v));
+                    tracing::error!(tenant = %rec.id, version = v, error = %e, "the active plugin failed to load; the tenant refuses connections and publishes until it loads")
                 }
             },
         }
         change = change.max_with(Change::Updated);
+    } else {
+        // What runs is what the registry wants (a version that failed to
+        // load was deactivated since, for one).
+        tenant.set_wanted_plugin(rec.active_plugin);
     }
     if change == Change::Created {
         app.tenants.insert(tenant.clone());

@@ -179,6 +179,10 @@ pub struct Tenant {
     /// The active plugin version; swapped whole, so calls in flight finish on
     /// the version they started with.
     plugin: RwLock<Option<Arc<ActivePlugin>>>,
+    /// The version the registry says is active (0: none). While the loaded
+    /// one is not it, the tenant refuses connections, publishes and source
+    /// records (`plugin_unavailable`): it never runs as if it had no plugin.
+    wanted_plugin: std::sync::atomic::AtomicI64,
     /// Keyed messages waiting for the conflation window to close.
     pub conflator: Mutex<Conflator>,
     /// When the conflation window last closed.
@@ -210,6 +214,7 @@ impl Tenant {
             sessions: SessionRegistry::default(),
             metrics: TenantMetrics::new(id),
             plugin: RwLock::new(None),
+            wanted_plugin: std::sync::atomic::AtomicI64::new(0),
             conflator: Mutex::new(Conflator::default()),
             last_flush: Mutex::new(Instant::now()),
             source: Mutex::new(crate::source::SourceSlot::default()),
@@ -221,9 +226,32 @@ impl Tenant {
         self.plugin.read().clone()
     }
 
-    /// Swaps the active plugin atomically; returns the one it replaced.
-    pub fn set_plugin(&self, p: Option<Arc<ActivePlugin>>) -> Option<Arc<ActivePlugin>> {
-        std::mem::replace(&mut *self.plugin.write(), p)
+    /// Records the version the registry says is active (it failed to load
+    /// here, or it is the one running).
+    pub fn set_wanted_plugin(&self, version: Option<i64>) {
+        let _g = self.plugin.write();
+        self.wanted_plugin
+            .store(version.unwrap_or(0), Ordering::Release);
+    }
+
+    /// Makes `p` the active plugin and the one the registry wants, in one
+    /// step: nobody sees the one without the other.
+    pub fn activate(&self, p: Option<Arc<ActivePlugin>>) -> Option<Arc<ActivePlugin>> {
+        let mut g = self.plugin.write();
+        self.wanted_plugin
+            .store(p.as_ref().map_or(0, |p| p.version), Ordering::Release);
+        std::mem::replace(&mut *g, p)
+    }
+
+    /// The active version when it is not the one loaded here.
+    pub fn plugin_unavailable(&self) -> Option<i64> {
+        let g = self.plugin.read();
+        let wanted = self.wanted_plugin.load(Ordering::Acquire);
+        match &*g {
+            _ if wanted == 0 => None,
+            Some(p) if p.version == wanted => None,
+            _ => Some(wanted),
+        }
     }
 
     pub fn settings(&self) -> Arc<TenantSettings> {

@@ -42,6 +42,9 @@ pub enum ApiError {
     RateLimited(Duration),
     #[error("server is shutting down")]
     Unavailable,
+    /// The tenant's active plugin is not loaded on this node.
+    #[error("the tenant's plugin (version {0}) is not loaded on this node; nothing was published, retry")]
+    PluginUnavailable(i64),
     /// The place a publish goes (cluster mode's shared log, a Kafka topic)
     /// did not confirm the write: (which, the cause, logged only).
     #[error("the {0} did not confirm the write; retry (a record not confirmed may still be delivered once)")]
@@ -64,6 +67,7 @@ impl ApiError {
             ApiError::SourceNotHttp(..) => "source_not_http",
             ApiError::RateLimited(_) => "rate_limited",
             ApiError::Unavailable => "unavailable",
+            ApiError::PluginUnavailable(_) => "plugin_unavailable",
             ApiError::SourceUnavailable("publish log", _) => "log_unavailable",
             ApiError::SourceUnavailable(..) => "source_unavailable",
             ApiError::TransformFailed(..) => "transform_failed",
@@ -92,7 +96,9 @@ impl IntoResponse for ApiError {
             ApiError::Conflict(_) | ApiError::SourceNotHttp(..) => StatusCode::CONFLICT,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable | ApiError::PluginUnavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::SourceUnavailable(what, cause) => {
                 tracing::warn!(what, %cause, "publish not confirmed");
                 StatusCode::SERVICE_UNAVAILABLE
@@ -106,7 +112,7 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({"error": {"code": self.code(), "message": self.to_string()}});
         let mut resp = (status, Json(body)).into_response();
         match &self {
-            ApiError::SourceUnavailable(..) => {
+            ApiError::SourceUnavailable(..) | ApiError::PluginUnavailable(_) => {
                 resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
             }
             ApiError::RateLimited(wait) => {

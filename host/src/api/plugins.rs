@@ -32,6 +32,19 @@ pub(super) fn routes() -> Router<Arc<App>> {
             "/tenants/{tenant}/plugins/{version}/activate",
             post(activate),
         )
+        .route("/tenants/{tenant}/plugins/deactivate", post(deactivate))
+}
+
+/// No plugin from now on (a plugin that does not load can be set aside:
+/// a `public` tenant then serves without one, a `plugin` one refuses).
+async fn deactivate(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    app.registry.set_active_plugin(&id, None).await?;
+    crate::reconcile::tenant(&app, &id).await?;
+    tracing::info!(tenant = %id, "plugin deactivated");
+    Ok(Json(json!({ "active": null })))
 }
 
 fn plugin_error(e: PluginError) -> ApiError {
@@ -151,7 +164,7 @@ async fn activate(
     let previous = {
         let _turn = app.turns.take(&id).await;
         app.registry.set_active_plugin(&id, Some(version)).await?;
-        tenant.set_plugin(Some(loaded)).map(|p| p.version)
+        tenant.activate(Some(loaded)).map(|p| p.version)
     };
     tracing::info!(tenant = %id, version, ?previous, "plugin version activated");
     Ok(Json(

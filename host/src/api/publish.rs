@@ -91,6 +91,10 @@ async fn publish(
             return Err(ApiError::Unauthorized);
         }
     }
+    if let Some(version) = tenant.plugin_unavailable() {
+        tenant.metrics.publish_rejected("plugin_unavailable");
+        return Err(ApiError::PluginUnavailable(version));
+    }
     // Positions come from one source per tenant: a publish beside an outbox
     // would move channels ahead of rows still to come; into Kafka it goes
     // through the topic.

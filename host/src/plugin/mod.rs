@@ -47,6 +47,10 @@ pub enum PluginError {
     MemoryExceeded(usize),
     #[error("{0}")]
     BadOutput(String),
+    /// The tenant's active version (per the registry) is not loaded on this
+    /// node: nothing may run as if it had no plugin.
+    #[error("plugin version {0} is active but not loaded on this node")]
+    Unavailable(i64),
 }
 
 impl PluginError {
@@ -59,6 +63,7 @@ impl PluginError {
             PluginError::Timeout(_) => "timeout",
             PluginError::MemoryExceeded(_) => "memory",
             PluginError::BadOutput(_) => "bad_output",
+            PluginError::Unavailable(_) => "unavailable",
         }
     }
 }

@@ -345,6 +345,16 @@ fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused
             &format!("no tenant {:?}", truncate(tenant_id)),
         ));
     };
+    if let Some(version) = t.plugin_unavailable() {
+        t.metrics.refused("plugin_unavailable");
+        return Err(Refused::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "plugin_unavailable",
+            &format!(
+                "the tenant's plugin (version {version}) is not loaded on this node; retry later"
+            ),
+        ));
+    }
     let slot = app.capacity.acquire(&t).map_err(|r| {
         t.metrics.refused(r.as_str());
         busy(r.as_str(), "server is over capacity; retry later")

@@ -522,6 +522,11 @@ impl Reader {
             ingest::ingest(&tenant, &records)
         };
         let result = ingest::run_batch(&self.tenant, run).await;
+        // Without its plugin the tenant takes nothing: the reader stalls and
+        // reads these records again from the stored positions once it is back.
+        if let Err(e @ crate::plugin::PluginError::Unavailable(_)) = &result {
+            return Err(e.to_string());
+        }
         if let Err(e) = result {
             tracing::warn!(tenant = %self.tenant.id, kind = e.kind(), records = n, "kafka batch dead-lettered");
         }

@@ -777,6 +777,11 @@ impl Reader {
             ingest::ingest(&tenant, &records)
         };
         let result = ingest::run_batch(&self.tenant, run).await;
+        // Without its plugin the tenant takes nothing: the reader stalls and
+        // reads these rows again from the stored cursor once it is back.
+        if let Err(e @ crate::plugin::PluginError::Unavailable(_)) = &result {
+            return Err(OutboxError::Query(e.to_string()));
+        }
         // A failed transform dead-letters the batch (counted in ingest); the
         // source moves on rather than retrying the same rows forever.
         if let Err(e) = result {

@@ -3,6 +3,7 @@
 //! record whose output breaks the contract fails alone, not its batch.
 
 use crate::helpers::*;
+use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -179,5 +180,55 @@ async fn bad_records_fail_alone_not_their_batch() {
         (Some(10), Some(last)),
         "{m}"
     );
+    h.stop().await;
+}
+
+/// Issue 11: a public tenant whose active plugin does not load at restart
+/// (here: a memory cap no component instantiates under) refuses connections
+/// and publishes with 503 `plugin_unavailable` instead of serving without it
+/// — a redact plugin's tenant would send unredacted messages. Deactivating
+/// the plugin lets it serve again.
+#[tokio::test]
+async fn a_plugin_that_does_not_load_fails_closed() {
+    let h = spawn_host().await;
+    let key = h
+        .tenant(json!({"id":"unload","access":"public","config":{"redact_fields":["bid"]}}))
+        .await;
+    h.install_plugin("unload", "redact").await;
+    let data_dir = h.data_dir.clone();
+    let dir = h.stop().await;
+    let mut opts = HostOptions::new();
+    opts.config.data_dir = data_dir;
+    opts.dir = dir;
+    opts.config.limits.plugin_memory_bytes = 1 << 20;
+    let h = spawn_with(opts).await;
+    let refused = h.ws_with("unload", "").await.err();
+    assert_eq!(
+        refused.map(|(s, v)| (s, v["error"]["code"].clone())),
+        Some((503, json!("plugin_unavailable")))
+    );
+    let (s, v) = h
+        .publish("unload", &key, json!({"ch":"c","data":{"bid":1}}))
+        .await;
+    assert_eq!(
+        (s, v["error"]["code"].clone()),
+        (503, json!("plugin_unavailable")),
+        "{v}"
+    );
+    let (s, v) = h
+        .admin(
+            Method::POST,
+            "/admin/v1/tenants/unload/plugins/deactivate",
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let mut ws = h.ws("unload").await;
+    ws.sub("c", 1).await;
+    let (s, v) = h
+        .publish("unload", &key, json!({"ch":"c","data":{"bid":1}}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(ws.next().await["data"], json!({"bid":1}));
     h.stop().await;
 }
