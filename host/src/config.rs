@@ -38,6 +38,9 @@ pub struct ServeArgs {
     /// Bearer token for /admin. Generated and printed once when absent (SQLite only).
     #[arg(long, env = "HERALD_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Bearer token `/metrics` requires (it lists every tenant id); open when absent.
+    #[arg(long, env = "HERALD_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
     /// Create a public tenant `demo` if it does not exist, and print its publish key.
     #[arg(long, env = "HERALD_DEMO")]
     pub demo: bool,
@@ -164,6 +167,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub database_url: Option<String>,
     pub admin_token: Option<String>,
+    /// `/metrics` requires this bearer token when set.
+    pub metrics_token: Option<String>,
     pub demo_tenant: bool,
     /// `None`: derived from the open-files limit at start.
     pub max_connections: Option<usize>,
@@ -230,6 +235,9 @@ impl ServeArgs {
                 return Err("--admin-token must be at least 16 characters".into());
             }
         }
+        if self.metrics_token.as_ref().is_some_and(|t| t.len() < 16) {
+            return Err("--metrics-token must be at least 16 characters".into());
+        }
         if self.database_url.is_some() && self.admin_token.is_none() {
             return Err("--admin-token is required with --database-url (it is generated only for the embedded SQLite default)".into());
         }
@@ -259,6 +267,7 @@ impl ServeArgs {
             data_dir: self.data_dir.clone(),
             database_url: self.database_url.clone(),
             admin_token: self.admin_token.clone(),
+            metrics_token: self.metrics_token.clone(),
             demo_tenant: self.demo,
             max_connections: self.max_connections,
             memory_budget_bytes: self.memory_budget_mib.map(|m| m * 1024 * 1024),

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Largest request body the router reads (a publish batch).
-const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -40,6 +40,9 @@ pub enum ApiError {
     SourceNotHttp(String, &'static str),
     #[error("rate limit exceeded")]
     RateLimited(Duration),
+    /// The body did not arrive in time (after its key was accepted).
+    #[error("the request body did not arrive within {0:?}")]
+    BodyTimeout(Duration),
     #[error("server is shutting down")]
     Unavailable,
     /// The tenant's active plugin is not loaded on this node.
@@ -66,6 +69,7 @@ impl ApiError {
             ApiError::Unprocessable(_) => "unprocessable",
             ApiError::SourceNotHttp(..) => "source_not_http",
             ApiError::RateLimited(_) => "rate_limited",
+            ApiError::BodyTimeout(_) => "request_timeout",
             ApiError::Unavailable => "unavailable",
             ApiError::PluginUnavailable(_) => "plugin_unavailable",
             ApiError::SourceUnavailable("publish log", _) => "log_unavailable",
@@ -96,6 +100,7 @@ impl IntoResponse for ApiError {
             ApiError::Conflict(_) | ApiError::SourceNotHttp(..) => StatusCode::CONFLICT,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unavailable | ApiError::PluginUnavailable(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -183,7 +188,13 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
     (StatusCode::OK, Json(body)).into_response()
 }
 
-async fn metrics(State(app): State<Arc<App>>) -> Response {
+async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    if let Some(want) = &app.config.metrics_token {
+        let given = bearer(&headers).map(crate::tenant::key_digest);
+        if given.is_none_or(|g| g != crate::tenant::key_digest(want)) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         app.metrics.render(),

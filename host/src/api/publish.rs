@@ -15,7 +15,7 @@ use crate::registry::now_ms;
 use crate::source::kafka::produce::{self, ProduceError, Publisher};
 use crate::tenant::Tenant;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -23,6 +23,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -74,23 +75,41 @@ async fn sse_with_body() -> ApiError {
     ApiError::BadRequest("an SSE request is a GET without a body".into())
 }
 
+/// How long a publish body may take to arrive once its key was accepted.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
 async fn publish(
     State(app): State<Arc<App>>,
     Path(tenant_id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
+    request: Request,
 ) -> Result<Response, ApiError> {
-    let tenant = app
-        .tenants
-        .get(&tenant_id)
-        .ok_or_else(|| ApiError::NotFound(format!("tenant {tenant_id:?} not found")))?;
-    match bearer(&headers) {
+    let (parts, body) = request.into_parts();
+    // The key first, the body only then: an unauthenticated request is
+    // answered at once and never buffered. An unknown tenant and a wrong key
+    // get the same answer, so tenant ids cannot be probed.
+    let tenant = app.tenants.get(&tenant_id).ok_or(ApiError::Unauthorized)?;
+    match bearer(&parts.headers) {
         Some(k) if tenant.check_publish_key(k) => {}
         _ => {
             tenant.metrics.publish_rejected("unauthorized");
             return Err(ApiError::Unauthorized);
         }
     }
+    let body: Bytes = match tokio::time::timeout(
+        BODY_TIMEOUT,
+        axum::body::to_bytes(body, super::MAX_BODY_BYTES),
+    )
+    .await
+    {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => {
+            return Err(ApiError::BadRequest(format!(
+                "body: unreadable or over {} bytes",
+                super::MAX_BODY_BYTES
+            )))
+        }
+        Err(_) => return Err(ApiError::BodyTimeout(BODY_TIMEOUT)),
+    };
     if let Some(version) = tenant.plugin_unavailable() {
         tenant.metrics.publish_rejected("plugin_unavailable");
         return Err(ApiError::PluginUnavailable(version));
