@@ -77,12 +77,14 @@ async fn admin_changes_apply_live() {
         .await;
     assert_eq!(s, 204);
     assert_eq!(g.closed().await.0, 4000);
+    // Publishing to it is refused as a wrong key is (tenant ids are not probed).
     assert_eq!(
         h.publish("gone", new_key, json!({"ch":"c","data":1}))
             .await
             .0,
-        404
+        401
     );
+    assert_eq!(h.ws_with("gone", "").await.err().map(|e| e.0), Some(404));
     let (_, v) = h.admin(Method::GET, "/admin/v1/tenants", None).await;
     assert_eq!(v["tenants"].as_array().unwrap().len(), 1);
     h.stop().await;
