@@ -104,6 +104,19 @@ pub struct ServeArgs {
         default_value_t = 3600
     )]
     pub cluster_log_retention_secs: u64,
+    /// Cluster mode: Kafka brokers (`bootstrap.servers`) for the log of HTTP
+    /// publishes instead of the registry's table: each `http` tenant gets a
+    /// topic of its own (`--cluster-kafka-prefix` + tenant id, one partition,
+    /// created by Herald when the brokers allow it).
+    #[arg(long, env = "HERALD_CLUSTER_KAFKA")]
+    pub cluster_kafka: Option<String>,
+    /// Cluster mode: the prefix of the per-tenant publish topics.
+    #[arg(
+        long,
+        env = "HERALD_CLUSTER_KAFKA_PREFIX",
+        default_value = "herald.publish."
+    )]
+    pub cluster_kafka_prefix: String,
     /// The address this node is reached at, for the cluster view (default:
     /// the listen address).
     #[arg(long, env = "HERALD_ADVERTISE")]
@@ -201,6 +214,22 @@ pub struct Drain {
 pub struct ClusterConfig {
     pub reconcile: Duration,
     pub log_retention: Duration,
+    /// HTTP publishes go through Kafka topics rather than the registry's log.
+    pub kafka: Option<ClusterKafka>,
+}
+
+/// `--cluster-kafka`: where `http` tenants' publishes are logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterKafka {
+    pub brokers: String,
+    pub prefix: String,
+}
+
+impl ClusterKafka {
+    /// The topic of one tenant's publishes.
+    pub fn topic(&self, tenant: &str) -> String {
+        format!("{}{tenant}", self.prefix)
+    }
 }
 
 impl ServeArgs {
@@ -254,11 +283,29 @@ impl ServeArgs {
                     "--reconcile-secs and --cluster-log-retention-secs must be at least 1".into(),
                 );
             }
+            let prefix_ok = !self.cluster_kafka_prefix.is_empty()
+                && self.cluster_kafka_prefix.len() <= 180
+                && self
+                    .cluster_kafka_prefix
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+            if !prefix_ok {
+                return Err(
+                    "--cluster-kafka-prefix must be 1-180 characters of a-z A-Z 0-9 . _ -".into(),
+                );
+            }
             Some(ClusterConfig {
                 reconcile: Duration::from_secs(self.reconcile_secs),
                 log_retention: Duration::from_secs(self.cluster_log_retention_secs),
+                kafka: self.cluster_kafka.clone().map(|brokers| ClusterKafka {
+                    brokers,
+                    prefix: self.cluster_kafka_prefix.clone(),
+                }),
             })
         } else {
+            if self.cluster_kafka.is_some() {
+                return Err("--cluster-kafka needs --cluster".into());
+            }
             None
         };
         Ok(Config {

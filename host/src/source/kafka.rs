@@ -28,7 +28,7 @@ use crate::registry::now_ms;
 use crate::tenant::Tenant;
 use parking_lot::Mutex;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, ConsumerContext, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::ClientContext;
@@ -180,6 +180,70 @@ fn client_error(e: KafkaError) -> String {
         }
         KafkaError::ClientConfig(_, desc, _, _) => format!("kafka client: {desc}"),
         e => format!("kafka client: {e}"),
+    }
+}
+
+/// Creates `topic` with one partition (one partition: a tenant's publishes
+/// keep one order) when it does not exist. Brokers that refuse (no rights,
+/// no CreateTopics) leave it to them or the operator: the reader stays
+/// stalled, saying why, until the topic exists.
+pub async fn ensure_topic(brokers: &str, topic: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> =
+        match client_config(brokers, &KafkaOptions::default()).create() {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(%topic, error = %client_error(e), "cannot create the publish topic");
+                return;
+            }
+        };
+    // Most starts find it: ask first (creating is refused by brokers that
+    // do not allow it, and not even answered by some).
+    let exists = {
+        let mut config = client_config(brokers, &KafkaOptions::default());
+        config.set("group.id", "herald-check");
+        let name = topic.to_string();
+        tokio::task::spawn_blocking(move || {
+            let consumer: BaseConsumer = config.create().ok()?;
+            consumer
+                .fetch_metadata(Some(&name), CONNECT_TIMEOUT)
+                .ok()
+                .is_some_and(|m| {
+                    m.topics().iter().any(|t| {
+                        t.name() == name && t.error().is_none() && !t.partitions().is_empty()
+                    })
+                })
+                .then_some(())
+        })
+        .await
+        .ok()
+        .flatten()
+        .is_some()
+    };
+    if exists {
+        return;
+    }
+    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(-1));
+    let options = AdminOptions::new().operation_timeout(Some(CONNECT_TIMEOUT));
+    let created =
+        tokio::time::timeout(CONNECT_TIMEOUT * 2, admin.create_topics([&new], &options)).await;
+    match created {
+        Ok(Ok(results)) => {
+            for r in results {
+                match r {
+                    Ok(_) => tracing::info!(%topic, "publish topic created"),
+                    Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                    Err((_, code)) => {
+                        tracing::warn!(%topic, error = %code, "the publish topic was not created; create it with one partition")
+                    }
+                }
+            }
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(%topic, error = %e, "the publish topic was not created; create it with one partition")
+        }
+        Err(_) => tracing::warn!(%topic, "the brokers did not answer the topic creation"),
     }
 }
 

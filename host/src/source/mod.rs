@@ -345,14 +345,32 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
     if let Some(task) = previous {
         finish(&tenant.id, task).await;
     }
-    let seed = config.epoch_seed(&tenant.id, app.cluster.is_some());
+    // What the reader reads: the tenant's source, or in cluster mode with
+    // `--cluster-kafka` an `http` tenant's own publish topic.
+    let log_topic = match (
+        &config,
+        app.cluster.as_ref().and_then(|c| c.config.kafka.as_ref()),
+    ) {
+        (SourceConfig::Http, Some(k)) => Some(SourceConfig::Kafka {
+            brokers: k.brokers.clone(),
+            topics: vec![k.topic(&tenant.id)],
+            // A node new to the tenant: the last seconds, as for the
+            // registry's log (cluster/log.rs).
+            start: kafka::KafkaStart::Timestamp((now_ms() as u64).saturating_sub(10_000)),
+            channel_from: None,
+            options: Default::default(),
+        }),
+        _ => None,
+    };
+    let reads = log_topic.as_ref().unwrap_or(&config);
+    let seed = reads.epoch_seed(&tenant.id, app.cluster.is_some());
     if changed || tenant.hub.seed() != seed {
         // Another source's positions: the old one's marks must not judge them.
         tenant.hub.new_source(seed);
     }
     let health = Arc::new(Mutex::new(Health::new(config.kind())));
     let stop = app.shutdown.child_token();
-    let done = match &config {
+    let done = match reads {
         SourceConfig::Http => match &app.cluster {
             // Cluster mode: publishes reach every node through the log.
             Some(cluster) => {
@@ -380,22 +398,32 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
             );
             Some(app.tracker.spawn(reader.run()))
         }
-        SourceConfig::Kafka { .. } => {
+        SourceConfig::Kafka {
+            brokers, topics, ..
+        } => {
             let reader = kafka::Reader::new(
                 app.clone(),
                 tenant.clone(),
-                config.clone(),
+                reads.clone(),
                 health.clone(),
                 stop.clone(),
             );
-            Some(app.tracker.spawn(reader.run()))
+            let create = log_topic
+                .is_some()
+                .then(|| (brokers.clone(), topics[0].clone()));
+            Some(app.tracker.spawn(async move {
+                if let Some((brokers, topic)) = create {
+                    kafka::ensure_topic(&brokers, &topic).await;
+                }
+                reader.run().await
+            }))
         }
     };
     let mut slot = tenant.source.lock();
     // A session connected while the old source was stalled must not keep
     // believing it: the new source starts fresh.
     let was_stalled = slot.health.lock().state == SourceState::Stalled;
-    let publisher = match &config {
+    let publisher = match reads {
         SourceConfig::Kafka {
             brokers,
             topics,

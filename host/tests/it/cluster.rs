@@ -869,3 +869,54 @@ async fn the_periodic_reconcile_finds_a_silent_change() {
     db.close().await;
     reg.finish([a]).await;
 }
+
+/// `--cluster-kafka`: an `http` tenant's publishes go through a Kafka topic
+/// of its own instead of the registry's table, with one seq on every node.
+/// (librdkafka's mock cluster does not take CreateTopics, so the topic is
+/// made here as an operator would where Herald may not create topics.)
+#[tokio::test]
+async fn publishes_through_cluster_kafka_have_one_seq() {
+    let Some(reg) = Registry::new().await else {
+        return;
+    };
+    let kafka = rdkafka::mocking::MockCluster::new(1).unwrap();
+    kafka.create_topic("herald.publish.cl-ck", 1, 1).unwrap();
+    let brokers = kafka.bootstrap_servers();
+    let a = reg.node_with("a", &["--cluster-kafka", &brokers]).await;
+    let b = reg.node_with("b", &["--cluster-kafka", &brokers]).await;
+    let key = create(&a, json!({"id":"cl-ck","access":"public"})).await;
+    for n in [&a, &b] {
+        within(
+            Duration::from_secs(5),
+            "the publish topic read on both",
+            || async {
+                let (_, v) = n
+                    .admin(Method::GET, "/admin/v1/tenants/cl-ck/source", json!({}))
+                    .await;
+                v["health"]["partitions"] == 1 && v["health"]["state"] == "live"
+            },
+        )
+        .await;
+    }
+    let mut subs = [
+        a.subscriber("cl-ck", "t").await,
+        b.subscriber("cl-ck", "t").await,
+    ];
+    let mut answered = Vec::new();
+    for i in 0..6 {
+        let via = if i % 2 == 0 { &a } else { &b };
+        let body = json!({"ch":"t","data":{"i":i},"key":format!("k{}", i % 2)});
+        let (s, v) = via.publish("cl-ck", &key, body).await;
+        assert_eq!(s, 200, "{v}");
+        assert!(v.get("offset").is_some(), "went through Kafka: {v}");
+        answered.push(v["seq"].clone());
+    }
+    for ws in subs.iter_mut() {
+        let got = msgs(ws, 6).await;
+        let seqs: Vec<Value> = got.iter().map(|m| m["seq"].clone()).collect();
+        assert_eq!(seqs, answered, "the same positions on both nodes");
+        let is: Vec<Value> = got.iter().map(|m| m["data"]["i"].clone()).collect();
+        assert_eq!(is, (0..6).map(|i| json!(i)).collect::<Vec<_>>());
+    }
+    reg.finish([a, b]).await;
+}
