@@ -15,7 +15,7 @@ use crate::report::{fmt_int, fmt_ms, fmt_rate, fmt_ratio, ratio, verdict};
 use crate::target::{Kind, Peer, Published, Target};
 use crate::track::Stats;
 use crate::worker::channel_name;
-use anyhow::bail;
+use anyhow::{bail, Context as _};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -95,6 +95,10 @@ pub struct FanoutArgs {
     /// `1,2,3`. Needs --cluster-db.
     #[arg(long, value_delimiter = ',')]
     pub nodes: Vec<usize>,
+    /// The clusters of --nodes log publishes in Kafka (`--cluster-kafka`,
+    /// librdkafka's mock cluster in this process) instead of the registry.
+    #[arg(long)]
+    pub cluster_kafka_mock: bool,
     /// Only the clusters of --nodes (for more subscribers than one process
     /// may hold: ~19,900 here).
     #[arg(long)]
@@ -350,7 +354,11 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
         servers.push(Server {
             kind: Kind::Herald,
             plugin: args.plugin.as_deref(),
-            label: format!("cluster-{n}"),
+            label: if args.cluster_kafka_mock {
+                format!("cluster-kafka-{n}")
+            } else {
+                format!("cluster-{n}")
+            },
             bin: None,
             nodes: Some(n),
         });
@@ -692,9 +700,20 @@ async fn one(
 ) -> anyhow::Result<Outcome> {
     let c = &args.common;
     let kind = srv.kind;
+    // Kept for the server's life: its publish topic lives in it.
+    let mut _kafka = None;
     let mut server = match (srv.nodes, &args.cluster_db) {
         (Some(n), Some(db)) => {
-            let t = Target::herald_cluster(&c.herald, &c.herald_args, n, db).await?;
+            let mut extra = c.herald_args.clone();
+            if args.cluster_kafka_mock {
+                let mock = rdkafka::mocking::MockCluster::new(1)
+                    .context("starting the Kafka mock cluster")?;
+                mock.create_topic(&format!("herald.publish.{}", crate::target::TENANT), 1, 1)
+                    .context("creating the publish topic")?;
+                extra.extend(["--cluster-kafka".to_string(), mock.bootstrap_servers()]);
+                _kafka = Some(mock);
+            }
+            let t = Target::herald_cluster(&c.herald, &extra, n, db).await?;
             if let Some(p) = srv.plugin {
                 t.install_plugin(p).await?;
             }

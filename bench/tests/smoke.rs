@@ -196,4 +196,15 @@ fn fanout_over_a_cluster() {
         text.contains("herald / cluster-2"),
         "no cluster figure:\n{text}"
     );
+    let text = smoke(&[
+        "fanout",
+        "--nodes",
+        "1",
+        "--cluster-kafka-mock",
+        "--cluster-only",
+    ]);
+    assert!(
+        text.contains("cluster-kafka-1"),
+        "no cluster-kafka figure:\n{text}"
+    );
 }
