@@ -144,28 +144,7 @@ async fn listen(app: &Arc<App>, cluster: &Cluster, backoff: &mut Duration) -> Re
         tokio::select! {
             n = listener.try_recv() => {
                 let n = n.map_err(|e| e.to_string())?.ok_or("the registry connection was lost")?;
-                match n.channel() {
-                    PUBLISH_CHANNEL => {
-                        if let Some(t) = app.tenants.get(n.payload()) {
-                            t.log_written.notify_one();
-                        }
-                    }
-                    _ => match n.payload().split_once(':') {
-                        Some((tenant, version)) => {
-                            let (app, tenant, version) = (app.clone(), tenant.to_string(), version.parse().unwrap_or(0));
-                            app.tracker.clone().spawn(async move { precompile(&app, &tenant, version).await });
-                        }
-                        None => {
-                        // A plugin load can take a while: the watch goes on.
-                        let (app, id) = (app.clone(), n.payload().to_string());
-                        app.tracker.clone().spawn(async move {
-                            if let Err(e) = reconcile::tenant(&app, &id).await {
-                                tracing::warn!(tenant = %id, error = %e, "applying a registry change failed; the next reconcile retries");
-                            }
-                        });
-                        }
-                    },
-                }
+                dispatch(app, n.channel(), n.payload());
             }
             _ = tick.tick() => {
                 let changed = reconcile::all(app).await.map_err(|e| e.to_string())?;
@@ -174,6 +153,35 @@ async fn listen(app: &Arc<App>, cluster: &Cluster, backoff: &mut Duration) -> Re
                     tracing::info!(changed, "reconcile found changes NOTIFY had not brought");
                 }
             }
+        }
+    }
+}
+
+/// Acts on one notification: new log rows ring the tenant's reader; a
+/// plugin upload (`tenant:version`) is compiled ahead; any other change of
+/// a tenant is applied. Plugin work can take a while: it runs on its own
+/// task, and the watch goes on.
+fn dispatch(app: &Arc<App>, channel: &str, payload: &str) {
+    if channel == PUBLISH_CHANNEL {
+        if let Some(t) = app.tenants.get(payload) {
+            t.log_written.notify_one();
+        }
+        return;
+    }
+    let app2 = app.clone();
+    match payload.split_once(':') {
+        Some((tenant, version)) => {
+            let (tenant, version) = (tenant.to_string(), version.parse().unwrap_or(0));
+            app.tracker
+                .spawn(async move { precompile(&app2, &tenant, version).await });
+        }
+        None => {
+            let id = payload.to_string();
+            app.tracker.spawn(async move {
+                if let Err(e) = reconcile::tenant(&app2, &id).await {
+                    tracing::warn!(tenant = %id, error = %e, "applying a registry change failed; the next reconcile retries");
+                }
+            });
         }
     }
 }
