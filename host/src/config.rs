@@ -164,6 +164,14 @@ pub struct LimitArgs {
     /// CPU deadline of each plugin call, in milliseconds.
     #[arg(long, env = "HERALD_PLUGIN_DEADLINE_MS", default_value_t = 100)]
     pub plugin_deadline_ms: u64,
+    /// Client operations (WebSocket frames) per second per connection; past
+    /// the burst a client gets `err` `rate_limited`, and is closed (1008) if
+    /// it keeps going.
+    #[arg(long, env = "HERALD_CLIENT_OPS_PER_SEC", default_value_t = 50.0)]
+    pub client_ops_per_sec: f64,
+    /// Client operations a connection may send at once above the rate.
+    #[arg(long, env = "HERALD_CLIENT_OPS_BURST", default_value_t = 300)]
+    pub client_ops_burst: u32,
     /// Largest plugin component accepted for upload, in MiB.
     #[arg(long, env = "HERALD_PLUGIN_MAX_MIB", default_value_t = 32)]
     pub plugin_max_mib: usize,
@@ -244,6 +252,14 @@ impl ServeArgs {
         }
         if !(l.publish_rate > 0.0 && l.publish_rate.is_finite()) {
             return Err("--publish-rate must be a positive number".into());
+        }
+        if !(l.client_ops_per_sec > 0.0 && l.client_ops_per_sec.is_finite())
+            || l.client_ops_burst == 0
+        {
+            return Err(
+                "--client-ops-per-sec must be a positive number and --client-ops-burst at least 1"
+                    .into(),
+            );
         }
         if !(1..=4096).contains(&l.plugin_memory_mib)
             || !(1..=10_000).contains(&l.plugin_deadline_ms)
@@ -347,6 +363,8 @@ impl ServeArgs {
                 plugin_memory_bytes: l.plugin_memory_mib << 20,
                 plugin_deadline_ms: l.plugin_deadline_ms,
                 plugin_max_bytes: l.plugin_max_mib << 20,
+                client_ops_per_sec: l.client_ops_per_sec,
+                client_ops_burst: l.client_ops_burst,
             },
         })
     }

@@ -59,6 +59,10 @@ pub struct TenantLimits {
     pub plugin_memory_bytes: usize,
     pub plugin_deadline_ms: u64,
     pub plugin_max_bytes: usize,
+    /// Client operations (frames) per second per WebSocket connection, and
+    /// the burst above it (a client subscribing to all its channels at once).
+    pub client_ops_per_sec: f64,
+    pub client_ops_burst: u32,
 }
 
 impl TenantLimits {
@@ -106,6 +110,10 @@ pub struct LimitOverrides {
     pub plugin_deadline_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plugin_max_bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_ops_per_sec: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_ops_burst: Option<u32>,
 }
 
 impl LimitOverrides {
@@ -128,7 +136,16 @@ impl LimitOverrides {
                 .plugin_deadline_ms
                 .unwrap_or(defaults.plugin_deadline_ms),
             plugin_max_bytes: self.plugin_max_bytes.unwrap_or(defaults.plugin_max_bytes),
+            client_ops_per_sec: self
+                .client_ops_per_sec
+                .unwrap_or(defaults.client_ops_per_sec),
+            client_ops_burst: self.client_ops_burst.unwrap_or(defaults.client_ops_burst),
         };
+        if !(l.client_ops_per_sec > 0.0 && l.client_ops_per_sec.is_finite())
+            || l.client_ops_burst == 0
+        {
+            return Err("limits.client_ops_per_sec must be a positive number and limits.client_ops_burst at least 1".into());
+        }
         if l.max_message_bytes < 64 {
             return Err("limits.max_message_bytes must be at least 64".into());
         }

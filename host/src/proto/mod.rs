@@ -90,6 +90,8 @@ pub enum ErrorCode {
     NotSubscribed,
     /// The tenant's plugin failed; the request failed closed.
     PluginError,
+    /// The connection sent more operations than its budget allows.
+    RateLimited,
 }
 
 impl ErrorCode {
@@ -102,6 +104,7 @@ impl ErrorCode {
             ErrorCode::TooManySubscriptions => "too_many_subscriptions",
             ErrorCode::NotSubscribed => "not_subscribed",
             ErrorCode::PluginError => "plugin_error",
+            ErrorCode::RateLimited => "rate_limited",
         }
     }
 }

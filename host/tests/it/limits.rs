@@ -1,6 +1,7 @@
 //! Connection, subscription and publish-rate limits are answered at once.
 
 use crate::helpers::*;
+use futures_util::SinkExt;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -108,5 +109,44 @@ async fn subscription_limit_and_publish_rate() {
         .unwrap();
     assert_eq!(r.status(), 429);
     assert!(r.headers().get("retry-after").is_some());
+    h.stop().await;
+}
+
+/// Issue 11: a connection's operations are rate limited: past its burst it
+/// gets `err` `rate_limited` for each, and one that keeps going is closed
+/// (1008); another connection of the tenant is untouched.
+#[tokio::test]
+async fn a_connection_flooding_operations_is_limited_then_closed() {
+    let h = spawn_host().await;
+    h.tenant(json!({"id":"ops","access":"public","limits":{"client_ops_per_sec":1.0,"client_ops_burst":5}}))
+        .await;
+    let mut calm = h.ws("ops").await;
+    let mut flood = h.ws("ops").await;
+    for id in 0..5 {
+        flood.send(json!({"op":"ping","id":id})).await;
+        assert_eq!(flood.next().await["op"], "pong");
+    }
+    flood.send(json!({"op":"ping","id":5})).await;
+    let refused = flood.next().await;
+    assert_eq!(
+        (refused["op"].clone(), refused["code"].clone()),
+        (json!("err"), json!("rate_limited")),
+        "{refused}"
+    );
+    for id in 6..80 {
+        if flood
+            .s
+            .send(tokio_tungstenite::tungstenite::Message::Text(
+                json!({"op":"ping","id":id}).to_string().into(),
+            ))
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    assert_eq!(flood.closed().await.0, 1008);
+    calm.send(json!({"op":"ping","id":1})).await;
+    assert_eq!(calm.next().await["op"], "pong");
     h.stop().await;
 }

@@ -14,6 +14,7 @@ use crate::plugin::active::ActivePlugin;
 use crate::plugin::Session;
 use crate::proto::ws::{self, close, Assembler, FrameError, Message, Role};
 use crate::proto::{self, ClientOp, ErrorCode};
+use crate::ratelimit::{OpBudget, OpVerdict};
 use crate::registry::now_ms;
 use crate::server::Admitted;
 use crate::tenant::Tenant;
@@ -30,6 +31,8 @@ const PING_FRAME: &[u8] = &[0x89, 0x00];
 struct SessionLimits {
     max_subscriptions: usize,
     max_message_bytes: usize,
+    ops_per_sec: f64,
+    ops_burst: u32,
 }
 
 /// State of a WebSocket session's reader.
@@ -40,6 +43,8 @@ struct WsReader {
     subs: Vec<Arc<str>>,
     /// Who the tenant's plugin said this connection is.
     session: Option<Arc<Session>>,
+    /// Client operations left (every text, binary and ping frame costs one).
+    ops: OpBudget,
 }
 
 /// A subscription waiting for the plugin's answer; the reader stops
@@ -100,9 +105,12 @@ impl WsSession {
     /// the source's status if it is stalled.
     fn open(tenant: Arc<Tenant>, session: Option<Arc<Session>>, early: Vec<u8>) -> WsSession {
         let settings = tenant.settings();
+        let ops_burst = settings.limits.client_ops_burst;
         let limits = SessionLimits {
             max_subscriptions: settings.limits.max_subscriptions,
             max_message_bytes: settings.limits.max_message_bytes,
+            ops_per_sec: settings.limits.client_ops_per_sec,
+            ops_burst: settings.limits.client_ops_burst,
         };
         let audience = session
             .as_ref()
@@ -131,6 +139,7 @@ impl WsSession {
                 assembler: Assembler::default(),
                 subs: Vec::new(),
                 session,
+                ops: OpBudget::new(ops_burst, Instant::now()),
             },
             out: Outbox::default(),
             registration,
@@ -388,6 +397,33 @@ impl WsReader {
                 .push(head, payload, limits.max_message_bytes)
                 .map_err(|e| frame_error(e, tenant))?;
             used += head.frame_len();
+            if matches!(
+                msg,
+                Some(Message::Text(_) | Message::Binary(_) | Message::Ping(_))
+            ) {
+                match self
+                    .ops
+                    .take(limits.ops_per_sec, limits.ops_burst, Instant::now())
+                {
+                    OpVerdict::Allowed => {}
+                    OpVerdict::Refused => {
+                        tenant.metrics.client_error(ErrorCode::RateLimited.as_str());
+                        handle.deliver_ctrl(
+                            "err",
+                            &proto::encode_err(
+                                None,
+                                ErrorCode::RateLimited,
+                                "too many operations on this connection; slow down",
+                            ),
+                        );
+                        continue;
+                    }
+                    OpVerdict::Close => {
+                        tracing::info!(tenant = %tenant.id, "a connection kept sending past its operation budget; closed");
+                        return Err(End::Close(close::POLICY, "too many operations".into()));
+                    }
+                }
+            }
             match msg {
                 None | Some(Message::Pong) => {}
                 Some(Message::Close(code)) => return Err(End::PeerClosed(code)),
