@@ -123,37 +123,7 @@ async fn a_kafka_publish_has_one_seq_on_every_node() {
         .admin(Method::PUT, "/admin/v1/tenants/cl-kafka/source", source)
         .await;
     assert_eq!(s, 200, "{v}");
-    for n in [&a, &b] {
-        within(
-            Duration::from_secs(5),
-            "the Kafka source live on both",
-            || async {
-                let (_, v) = n
-                    .admin(Method::GET, "/admin/v1/tenants/cl-kafka/source", json!({}))
-                    .await;
-                v["source"]["kind"] == "kafka" && v["health"]["state"] == "live"
-            },
-        )
-        .await;
-    }
-    let mut subs = [
-        a.subscriber("cl-kafka", "k").await,
-        b.subscriber("cl-kafka", "k").await,
-    ];
-    let mut answered = Vec::new();
-    for i in 0..6 {
-        let via = if i % 2 == 0 { &a } else { &b };
-        let (s, v) = via
-            .publish("cl-kafka", &key, json!({"ch":"k","data":{"i":i}}))
-            .await;
-        assert_eq!(s, 200, "{v}");
-        answered.push(v["seq"].clone());
-    }
-    for ws in subs.iter_mut() {
-        let got = msgs(ws, 6).await;
-        let seqs: Vec<Value> = got.iter().map(|m| m["seq"].clone()).collect();
-        assert_eq!(seqs, answered, "the same positions on both nodes");
-    }
+    one_seq_through_kafka(&a, &b, "cl-kafka", &key, "k").await;
     reg.finish([a, b]).await;
 }
 
@@ -172,28 +142,36 @@ async fn publishes_through_cluster_kafka_have_one_seq() {
     let a = reg.node_with("a", &["--cluster-kafka", &brokers]).await;
     let b = reg.node_with("b", &["--cluster-kafka", &brokers]).await;
     let key = create(&a, json!({"id":"cl-ck","access":"public"})).await;
-    for n in [&a, &b] {
+    one_seq_through_kafka(&a, &b, "cl-ck", &key, "t").await;
+    reg.finish([a, b]).await;
+}
+
+/// Waits until the Kafka reader of `tenant` is live on both nodes (with one
+/// partition), publishes six keyed messages to `ch` through A and B in turn
+/// (each answered from Kafka), and checks that both nodes deliver all six
+/// in order at the seqs the publishes answered.
+async fn one_seq_through_kafka(a: &Node, b: &Node, tenant: &str, key: &str, ch: &str) {
+    let path = format!("/admin/v1/tenants/{tenant}/source");
+    for n in [a, b] {
         within(
             Duration::from_secs(5),
-            "the publish topic read on both",
+            "the Kafka reader live on both",
             || async {
-                let (_, v) = n
-                    .admin(Method::GET, "/admin/v1/tenants/cl-ck/source", json!({}))
-                    .await;
+                let (_, v) = n.admin(Method::GET, &path, json!({})).await;
                 v["health"]["partitions"] == 1 && v["health"]["state"] == "live"
             },
         )
         .await;
     }
     let mut subs = [
-        a.subscriber("cl-ck", "t").await,
-        b.subscriber("cl-ck", "t").await,
+        a.subscriber(tenant, ch).await,
+        b.subscriber(tenant, ch).await,
     ];
     let mut answered = Vec::new();
     for i in 0..6 {
-        let via = if i % 2 == 0 { &a } else { &b };
-        let body = json!({"ch":"t","data":{"i":i},"key":format!("k{}", i % 2)});
-        let (s, v) = via.publish("cl-ck", &key, body).await;
+        let via = if i % 2 == 0 { a } else { b };
+        let body = json!({"ch":ch,"data":{"i":i},"key":format!("k{}", i % 2)});
+        let (s, v) = via.publish(tenant, key, body).await;
         assert_eq!(s, 200, "{v}");
         assert!(v.get("offset").is_some(), "went through Kafka: {v}");
         answered.push(v["seq"].clone());
@@ -205,5 +183,4 @@ async fn publishes_through_cluster_kafka_have_one_seq() {
         let is: Vec<Value> = got.iter().map(|m| m["data"]["i"].clone()).collect();
         assert_eq!(is, (0..6).map(|i| json!(i)).collect::<Vec<_>>());
     }
-    reg.finish([a, b]).await;
 }

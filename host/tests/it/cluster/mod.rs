@@ -30,11 +30,19 @@ struct Registry {
     name: String,
     pub url: String,
     dir: tempfile::TempDir,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
 }
+
+/// One cluster test at a time: each runs two or three debug-build servers
+/// and a database of its own on the shared Postgres, and ten at once on two
+/// cores (with the rest of the suite) made delivery within the tests'
+/// deadlines a matter of luck.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 impl Registry {
     async fn new() -> Option<Registry> {
         let base = pg_url()?;
+        let turn = ONE_AT_A_TIME.lock().await;
         let admin = sqlx::PgPool::connect(&base).await.unwrap();
         let name = format!("herald_cluster_{:08x}", rand::random::<u32>());
         sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
@@ -49,6 +57,7 @@ impl Registry {
             name,
             url,
             dir,
+            _turn: turn,
         })
     }
 
