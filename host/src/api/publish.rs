@@ -12,7 +12,8 @@ use crate::ingest;
 use crate::plugin::batch::SourceRecord;
 use crate::proto;
 use crate::registry::now_ms;
-use crate::source::kafka::produce::{self, ProduceError, Publisher};
+use crate::source::kafka::produce::{ProduceError, Publisher};
+use crate::source::Outgoing;
 use crate::tenant::Tenant;
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
@@ -195,7 +196,7 @@ async fn publish(
     let outcomes = ingest::run_batch(&tenant, run)
         .await
         .map_err(|e| ApiError::TransformFailed(e.kind(), e.to_string()))?;
-    let mut results: Vec<serde_json::Value> = outcomes
+    let results: Vec<serde_json::Value> = outcomes
         .iter()
         .map(|o| match o.fate {
             Fate::Published { seq, delivered } => {
@@ -206,45 +207,79 @@ async fn publish(
             Fate::Duplicate => serde_json::json!({"ch": o.channel, "seq": null, "duplicate": true}),
         })
         .collect();
-    let body = if batch || results.len() != 1 {
-        serde_json::json!({ "results": results })
-    } else {
-        results.pop().unwrap_or_default()
-    };
-    Ok((StatusCode::OK, Json(body)).into_response())
+    Ok(answer(results, batch))
 }
 
 /// A Kafka tenant: the batch is produced into its topic, answered once the
-/// brokers acknowledged every record; every node delivers it from there.
+/// brokers acknowledged every record; every node delivers it from there at
+/// offset + 1.
 async fn produced(
     kafka: &Publisher,
     tenant: &Tenant,
     items: &[PublishItem],
     batch: bool,
 ) -> Result<Response, ApiError> {
-    let records: Vec<produce::Item<'_>> = items
+    let written = kafka.publish(&outgoing(items)).await.map_err(|e| match e {
+        ProduceError::Bad(m) => ApiError::BadRequest(m),
+        ProduceError::Unavailable(m) => ApiError::SourceUnavailable("Kafka topic", m),
+    })?;
+    let placed = written.iter().map(|w| {
+        let at = serde_json::json!({"partition": w.partition, "offset": w.offset});
+        (w.offset as u64 + 1, at)
+    });
+    Ok(answer(positioned(tenant, items, placed), batch))
+}
+
+/// Cluster mode: the batch goes into the shared log, answered once it is
+/// committed there; every node (this one too) delivers it from the log at
+/// its row id.
+async fn logged(
+    cluster: &Cluster,
+    tenant: &Tenant,
+    items: &[PublishItem],
+    batch: bool,
+) -> Result<Response, ApiError> {
+    let ids = log::append(cluster, &tenant.id, &outgoing(items))
+        .await
+        .map_err(|e| ApiError::SourceUnavailable("publish log", e.to_string()))?;
+    let placed = ids.iter().map(|&id| {
+        (
+            id as u64,
+            serde_json::json!({"position": id, "logged": true}),
+        )
+    });
+    Ok(answer(positioned(tenant, items, placed), batch))
+}
+
+fn outgoing(items: &[PublishItem]) -> Vec<Outgoing<'_>> {
+    items
         .iter()
-        .map(|i| produce::Item {
+        .map(|i| Outgoing {
             channel: &i.ch,
             key: i.key.as_deref(),
             payload: i.data.get().as_bytes(),
         })
-        .collect();
-    let written = kafka.publish(&records).await.map_err(|e| match e {
-        ProduceError::Bad(m) => ApiError::BadRequest(m),
-        ProduceError::Unavailable(m) => ApiError::SourceUnavailable("Kafka topic", m),
-    })?;
+        .collect()
+}
+
+/// The answer for items placed in a source at (number, where): each record's
+/// message is published at number × 1000 on every node, unless the tenant's
+/// transform makes other messages of it (then `seq` is null).
+fn positioned(
+    tenant: &Tenant,
+    items: &[PublishItem],
+    placed: impl Iterator<Item = (u64, serde_json::Value)>,
+) -> Vec<serde_json::Value> {
     let transform = tenant.plugin().is_some_and(|p| p.info.hooks.transform);
-    let results: Vec<serde_json::Value> = items
+    items
         .iter()
-        .zip(&written)
-        .map(|(i, w)| {
-            // The consumer publishes the record's message at offset + 1.
-            let seq = (!transform).then(|| (w.offset as u64 + 1) * MESSAGES_PER_RECORD);
-            serde_json::json!({"ch": i.ch, "seq": seq, "partition": w.partition, "offset": w.offset})
+        .zip(placed)
+        .map(|(i, (number, mut at))| {
+            at["ch"] = serde_json::json!(i.ch);
+            at["seq"] = serde_json::json!((!transform).then(|| number * MESSAGES_PER_RECORD));
+            at
         })
-        .collect();
-    Ok(answer(results, batch))
+        .collect()
 }
 
 fn answer(mut results: Vec<serde_json::Value>, batch: bool) -> Response {
@@ -254,37 +289,4 @@ fn answer(mut results: Vec<serde_json::Value>, batch: bool) -> Response {
         results.pop().unwrap_or_default()
     };
     (StatusCode::OK, Json(body)).into_response()
-}
-
-/// Cluster mode: the batch goes into the shared log, answered once it is
-/// committed there; every node (this one too) delivers it from the log.
-async fn logged(
-    cluster: &Cluster,
-    tenant: &Tenant,
-    items: &[PublishItem],
-    batch: bool,
-) -> Result<Response, ApiError> {
-    let entries: Vec<log::Entry<'_>> = items
-        .iter()
-        .map(|i| log::Entry {
-            channel: &i.ch,
-            key: i.key.as_deref(),
-            payload: i.data.get().as_bytes(),
-        })
-        .collect();
-    let ids = log::append(cluster, &tenant.id, &entries)
-        .await
-        .map_err(|e| ApiError::SourceUnavailable("publish log", e.to_string()))?;
-    // Each row is one record: its message is published at id × 1000 on every
-    // node, unless the tenant's transform makes other messages of it.
-    let transform = tenant.plugin().is_some_and(|p| p.info.hooks.transform);
-    let results: Vec<serde_json::Value> = items
-        .iter()
-        .zip(&ids)
-        .map(|(i, &id)| {
-            let seq = (!transform).then(|| id as u64 * MESSAGES_PER_RECORD);
-            serde_json::json!({"ch": i.ch, "seq": seq, "position": id, "logged": true})
-        })
-        .collect();
-    Ok(answer(results, batch))
 }

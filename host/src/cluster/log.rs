@@ -10,24 +10,18 @@
 
 use super::{Cluster, PUBLISH_CHANNEL};
 use crate::app::App;
+use crate::source::Outgoing;
 use std::sync::Arc;
 
 /// The table, created by the registry's migrations (Postgres only).
 pub const TABLE: &str = "herald_publish_log";
-
-/// One message to log.
-pub struct Entry<'a> {
-    pub channel: &'a str,
-    pub key: Option<&'a str>,
-    pub payload: &'a [u8],
-}
 
 /// Writes a batch in one transaction and announces it; returns each entry's
 /// id, in order.
 pub async fn append(
     cluster: &Cluster,
     tenant: &str,
-    entries: &[Entry<'_>],
+    entries: &[Outgoing<'_>],
 ) -> Result<Vec<i64>, sqlx::Error> {
     let channels: Vec<&str> = entries.iter().map(|e| e.channel).collect();
     let keys: Vec<Option<&str>> = entries.iter().map(|e| e.key).collect();

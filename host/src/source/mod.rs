@@ -23,6 +23,14 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// One message an HTTP publish hands to the place every node reads it from
+/// (cluster mode's log, a Kafka topic).
+pub struct Outgoing<'a> {
+    pub channel: &'a str,
+    pub key: Option<&'a str>,
+    pub payload: &'a [u8],
+}
+
 /// What a tenant reads from, as set by `PUT /admin/v1/tenants/{t}/source`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]

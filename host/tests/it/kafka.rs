@@ -3,7 +3,7 @@
 //! are refused, and a broker outage reaches subscribers as stalled, then live.
 
 use crate::helpers::*;
-use crate::outbox::msgs;
+use crate::outbox::{msgs, wait_live};
 use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
@@ -34,23 +34,14 @@ pub(crate) async fn produce(p: &FutureProducer, topic: &str, channel: &str, n: u
 /// README: subscribers are told a source stalled "within two seconds".
 const STALLED_WITHIN: Duration = Duration::from_secs(2);
 
-/// Waits until the tenant's source reports live; fails at the deadline.
-async fn wait_live(h: &Host, tenant: &str) -> Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let (_, v) = h
-            .admin(
-                Method::GET,
-                &format!("/admin/v1/tenants/{tenant}/source"),
-                None,
-            )
-            .await;
-        if v["health"]["state"] == "live" {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "source never became live: {v}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// A producer of test records on `brokers`; records wait up to two minutes
+/// for the brokers (a test's outage ends well before).
+pub(crate) fn test_producer(brokers: &str) -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("message.timeout.ms", "120000")
+        .create()
+        .unwrap()
 }
 
 /// A host whose public `tenant` reads `topic` (of `partitions`) on a mock
@@ -85,11 +76,7 @@ async fn kafka_records_flow_and_a_broker_outage_is_pushed() {
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic("ticks", 2, 1).unwrap();
     let brokers = cluster.bootstrap_servers();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("message.timeout.ms", "120000")
-        .create()
-        .unwrap();
+    let producer = test_producer(&brokers);
     let h = spawn_host().await;
     h.public_tenant("kflow").await;
     let put = |body: Value| {
@@ -192,10 +179,7 @@ async fn kafka_resumes_after_restart_without_loss() {
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic("events", 1, 1).unwrap();
     let brokers = cluster.bootstrap_servers();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .create()
-        .unwrap();
+    let producer = test_producer(&brokers);
     let h = spawn_host().await;
     h.public_tenant("krestart").await;
     let body = json!({"kind":"kafka","brokers":brokers,"topics":["events"],"channel_from":"header:channel"});
@@ -397,10 +381,7 @@ async fn kafka_a_slow_batch_does_not_delay_the_stall() {
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic("slow", 1, 1).unwrap();
     let brokers = cluster.bootstrap_servers();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .create()
-        .unwrap();
+    let producer = test_producer(&brokers);
     let h = spawn_host().await;
     h.tenant(json!({"id":"kslow","access":"public","limits":{"plugin_deadline_ms":3000}}))
         .await;

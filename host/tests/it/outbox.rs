@@ -119,8 +119,10 @@ pub(crate) async fn subscribed(h: &Host, tenant: &str, url: &str, table: &str, c
     ws
 }
 
-pub(crate) async fn wait_live(h: &Host, tenant: &str) {
-    for _ in 0..100 {
+/// Waits until the tenant's source reports live; returns its view.
+pub(crate) async fn wait_live(h: &Host, tenant: &str) -> Value {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
         let (_, v) = h
             .admin(
                 Method::GET,
@@ -129,11 +131,14 @@ pub(crate) async fn wait_live(h: &Host, tenant: &str) {
             )
             .await;
         if v["health"]["state"] == "live" {
-            return;
+            return v;
         }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "source never became live: {v}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("source did not become live");
 }
 
 /// Messages until `n` `msg` frames arrived; returns them (status frames kept apart).

@@ -4,11 +4,9 @@
 //! outbox or librdkafka's mock cluster, and real compiled plugins.
 
 use crate::helpers::*;
-use crate::kafka::produce;
+use crate::kafka::{produce, test_producer};
 use crate::outbox::{msgs, outbox_table, pg_url, set_source, subscribed, wait_live};
-use rdkafka::config::ClientConfig;
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::FutureProducer;
 use reqwest::Method;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -294,11 +292,7 @@ async fn kafka_rereads_are_duplicates() {
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic("pos-ticks", 1, 1).unwrap();
     let brokers = cluster.bootstrap_servers();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("message.timeout.ms", "60000")
-        .create()
-        .unwrap();
+    let producer = test_producer(&brokers);
     let tenant = format!("pos-k{}", rand::random::<u32>());
     let mut opts = HostOptions::new();
     opts.config.database_url = Some(pg.clone());
@@ -399,11 +393,7 @@ async fn kafka_partitions_into_one_channel_are_visible_not_lost() {
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic("pos-two", 2, 1).unwrap();
     let brokers = cluster.bootstrap_servers();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("message.timeout.ms", "60000")
-        .create()
-        .unwrap();
+    let producer = test_producer(&brokers);
     let h = spawn_host().await;
     h.public_tenant("pos-two").await;
     let body = json!({"kind":"kafka","brokers":brokers,"topics":["pos-two"],"start":"earliest"});
@@ -519,11 +509,7 @@ async fn a_crash_loses_no_held_kafka_record() {
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic("pos-crash", 1, 1).unwrap();
     let brokers = cluster.bootstrap_servers();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("message.timeout.ms", "60000")
-        .create()
-        .unwrap();
+    let producer = test_producer(&brokers);
     let dir = tempfile::tempdir().unwrap();
     let first = Node::start(dir.path(), &[]).await;
     let source =

@@ -11,6 +11,7 @@
 //! delivers anything itself.
 
 use super::{client_error, options::KafkaOptions, ChannelFrom, TUNING};
+use crate::source::Outgoing;
 use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -19,13 +20,6 @@ use std::time::Duration;
 
 /// How long a record may wait for the brokers before its publish fails.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// One message to produce.
-pub struct Item<'a> {
-    pub channel: &'a str,
-    pub key: Option<&'a str>,
-    pub payload: &'a [u8],
-}
 
 /// Where the brokers stored a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,7 +90,7 @@ impl Publisher {
     }
 
     /// The topic an item goes to, and whether this source can carry it.
-    fn topic_of(&self, item: &Item<'_>) -> Result<usize, ProduceError> {
+    fn topic_of(&self, item: &Outgoing<'_>) -> Result<usize, ProduceError> {
         match &self.channel_from {
             ChannelFrom::Topic => self
                 .topics
@@ -117,12 +111,12 @@ impl Publisher {
     }
 
     /// Checks every item before anything is produced.
-    pub fn check(&self, items: &[Item<'_>]) -> Result<(), ProduceError> {
+    pub fn check(&self, items: &[Outgoing<'_>]) -> Result<(), ProduceError> {
         items.iter().try_for_each(|i| self.topic_of(i).map(drop))
     }
 
     /// Produces every item and waits for the brokers; the positions in order.
-    pub async fn publish(&self, items: &[Item<'_>]) -> Result<Vec<Written>, ProduceError> {
+    pub async fn publish(&self, items: &[Outgoing<'_>]) -> Result<Vec<Written>, ProduceError> {
         self.check(items)?;
         let producer = self.producer()?;
         let mut pending = Vec::with_capacity(items.len());
