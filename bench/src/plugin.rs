@@ -92,6 +92,8 @@ fn load(
         limits: SandboxLimits {
             memory_bytes: 64 << 20,
             deadline: Duration::from_millis(100),
+            threads: 2,
+            queue: 64,
         },
     };
     Ok(ActivePlugin::load(runtime, &component, activation)?)

@@ -164,6 +164,14 @@ pub struct LimitArgs {
     /// CPU deadline of each plugin call, in milliseconds.
     #[arg(long, env = "HERALD_PLUGIN_DEADLINE_MS", default_value_t = 100)]
     pub plugin_deadline_ms: u64,
+    /// Blocking threads each tenant's plugin calls may use at once (calls
+    /// that overran the 2 ms inline budget, merges, blocking guests).
+    #[arg(long, env = "HERALD_PLUGIN_THREADS", default_value_t = 2)]
+    pub plugin_threads: usize,
+    /// Plugin calls of a tenant that may wait for one of its threads; past
+    /// it a connect, subscribe or publish is refused with `plugin_busy`.
+    #[arg(long, env = "HERALD_PLUGIN_QUEUE", default_value_t = 64)]
+    pub plugin_queue: usize,
     /// Client operations (WebSocket frames) per second per connection; past
     /// the burst a client gets `err` `rate_limited`, and is closed (1008) if
     /// it keeps going.
@@ -267,6 +275,11 @@ impl ServeArgs {
         {
             return Err("--plugin-memory-mib (1-4096), --plugin-deadline-ms (1-10000) and --plugin-max-mib (1-256) are out of range".into());
         }
+        if !(1..=16).contains(&l.plugin_threads) || l.plugin_queue > 10_000 {
+            return Err(
+                "--plugin-threads must be between 1 and 16 and --plugin-queue at most 10000".into(),
+            );
+        }
         if self.socket_send_buffer != 0 && self.socket_send_buffer < 4096 {
             return Err(
                 "--socket-send-buffer must be 0 (kernel autotuning) or at least 4096".into(),
@@ -363,6 +376,8 @@ impl ServeArgs {
                 plugin_memory_bytes: l.plugin_memory_mib << 20,
                 plugin_deadline_ms: l.plugin_deadline_ms,
                 plugin_max_bytes: l.plugin_max_mib << 20,
+                plugin_threads: l.plugin_threads,
+                plugin_queue: l.plugin_queue,
                 client_ops_per_sec: l.client_ops_per_sec,
                 client_ops_burst: l.client_ops_burst,
             },

@@ -14,7 +14,7 @@ use crate::fanout::conflate::HeldVariant;
 use crate::fanout::deliver::{self, Fate, Message, Tally, Window};
 use crate::fanout::position::MESSAGES_PER_RECORD;
 use crate::fanout::{At, Variant};
-use crate::plugin::active::ActivePlugin;
+use crate::plugin::active::Patience;
 use crate::plugin::batch::{Outputs, SourceRecord};
 use crate::plugin::PluginError;
 use crate::proto::PayloadKind;
@@ -180,6 +180,9 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
                 }
                 Some(t.outputs)
             }
+            // Cut on a runtime worker: it runs again off the runtime (nothing
+            // was published, nothing is dead-lettered).
+            Err(PluginError::OverBudget) => return Err(PluginError::OverBudget),
             Err(e) => {
                 tenant.metrics.dead_letter(e.kind(), records.len() as u64);
                 tracing::warn!(tenant = %tenant.id, version = p.version, kind = e.kind(), error = %e, records = records.len(), "transform failed; batch dead-lettered");
@@ -249,36 +252,43 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
 
 /// Closes the tenant's conflation window: publishes what it held.
 pub fn flush(tenant: &Tenant) -> usize {
+    flush_window(tenant, &mut tenant.conflator.lock())
+}
+
+/// Closes the window unless a batch holds it (its plugin may be merging on
+/// one of the tenant's plugin threads): the shared flush task never waits
+/// for one tenant, and tries this one again on its next tick. `None` when
+/// the window was busy.
+pub fn try_flush(tenant: &Tenant) -> Option<usize> {
+    let mut pending = tenant.conflator.try_lock()?;
+    Some(flush_window(tenant, &mut pending))
+}
+
+fn flush_window(tenant: &Tenant, pending: &mut crate::fanout::conflate::Conflator) -> usize {
     let history = tenant.settings().limits.history();
     let mut tally = Tally::default();
-    let n = {
-        let mut pending = tenant.conflator.lock();
-        deliver::flush(
-            &tenant.hub,
-            &mut pending,
-            history,
-            now_ms() as u64,
-            &mut tally,
-        )
-    };
+    let n = { deliver::flush(&tenant.hub, pending, history, now_ms() as u64, &mut tally) };
     record(tenant, &tally);
     n
 }
 
 /// Runs one batch's ingest (`run`, which calls [`ingest`]) where the tenant's
-/// plugin work may execute (see `ActivePlugin::run`). A batch is retried only
-/// when nothing of it was published: a transform is pure, but merges change
-/// held messages, so a merging plugin always runs off the runtime.
+/// plugin work may execute (see `ActivePlugin::run`), waiting for a plugin
+/// thread per `patience`. A batch is retried only when nothing of it was
+/// published (a transform cut at the inline budget): merges change held
+/// messages under the tenant's window lock, so a merging plugin always runs
+/// on the tenant's plugin threads, never on a runtime worker.
 pub async fn run_batch<R: Send + 'static>(
     tenant: &Tenant,
+    patience: Patience,
     run: impl Fn() -> Result<R, PluginError> + Send + 'static,
 ) -> Result<R, PluginError> {
     match tenant
         .plugin()
         .filter(|p| p.info.hooks.transform || p.info.hooks.merge)
     {
-        Some(p) if p.info.hooks.merge => ActivePlugin::off_runtime(run).await,
-        Some(p) => p.run(move |_| run()).await,
+        Some(p) if p.info.hooks.merge => p.offload(patience, move |_| run()).await,
+        Some(p) => p.run(patience, move |_| run()).await,
         None => run(),
     }
 }

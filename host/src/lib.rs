@@ -308,7 +308,8 @@ async fn sweep_channels(app: Arc<App>) {
     }
 }
 
-/// Closes each tenant's conflation window on time: one timer for all tenants.
+/// Closes each tenant's conflation window on time: one timer for all
+/// tenants, which never blocks on one of them.
 async fn flush_conflation(app: Arc<App>) {
     let mut tick = tokio::time::interval(Duration::from_millis(5));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -317,22 +318,17 @@ async fn flush_conflation(app: Arc<App>) {
             _ = app.shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
+        // Never waits for a tenant's window: a batch holding it (a slow
+        // merge on that tenant's plugin threads) delays that tenant's flush
+        // by a tick, nobody else's.
         for t in app.tenants.all() {
             let window = t.settings().conflation.window_ms;
-            if window == 0 && t.conflator.lock().is_empty() {
+            if window == 0 && t.conflator.try_lock().is_some_and(|c| c.is_empty()) {
                 continue;
             }
-            let due = {
-                let mut last = t.last_flush.lock();
-                if last.elapsed() >= Duration::from_millis(window) {
-                    *last = std::time::Instant::now();
-                    true
-                } else {
-                    false
-                }
-            };
-            if due {
-                ingest::flush(&t);
+            let due = t.last_flush.lock().elapsed() >= Duration::from_millis(window);
+            if due && ingest::try_flush(&t).is_some() {
+                *t.last_flush.lock() = std::time::Instant::now();
             }
         }
     }

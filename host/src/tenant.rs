@@ -59,6 +59,10 @@ pub struct TenantLimits {
     pub plugin_memory_bytes: usize,
     pub plugin_deadline_ms: u64,
     pub plugin_max_bytes: usize,
+    /// Blocking threads the tenant's plugin calls may use at once, and the
+    /// calls that may wait for one (past it: 503 `plugin_busy`).
+    pub plugin_threads: usize,
+    pub plugin_queue: usize,
     /// Client operations (frames) per second per WebSocket connection, and
     /// the burst above it (a client subscribing to all its channels at once).
     pub client_ops_per_sec: f64,
@@ -77,6 +81,8 @@ impl TenantLimits {
         SandboxLimits {
             memory_bytes: self.plugin_memory_bytes,
             deadline: Duration::from_millis(self.plugin_deadline_ms),
+            threads: self.plugin_threads,
+            queue: self.plugin_queue,
         }
     }
 }
@@ -111,6 +117,10 @@ pub struct LimitOverrides {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plugin_max_bytes: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_threads: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_queue: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub client_ops_per_sec: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_ops_burst: Option<u32>,
@@ -136,6 +146,8 @@ impl LimitOverrides {
                 .plugin_deadline_ms
                 .unwrap_or(defaults.plugin_deadline_ms),
             plugin_max_bytes: self.plugin_max_bytes.unwrap_or(defaults.plugin_max_bytes),
+            plugin_threads: self.plugin_threads.unwrap_or(defaults.plugin_threads),
+            plugin_queue: self.plugin_queue.unwrap_or(defaults.plugin_queue),
             client_ops_per_sec: self
                 .client_ops_per_sec
                 .unwrap_or(defaults.client_ops_per_sec),
@@ -163,6 +175,9 @@ impl LimitOverrides {
         }
         if !(1..=10_000).contains(&l.plugin_deadline_ms) {
             return Err("limits.plugin_deadline_ms must be between 1 and 10000".into());
+        }
+        if !(1..=16).contains(&l.plugin_threads) || l.plugin_queue > 10_000 {
+            return Err("limits.plugin_threads must be between 1 and 16 and limits.plugin_queue at most 10000".into());
         }
         if !(1024..=256 << 20).contains(&l.plugin_max_bytes) {
             return Err("limits.plugin_max_bytes must be between 1 KiB and 256 MiB".into());

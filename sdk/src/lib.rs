@@ -1,19 +1,23 @@
 //! Herald plugin SDK: write a tenant plugin as plain Rust functions.
 //!
-//! Implement [`Plugin`] (every hook has a default), then `export_plugin!(MyPlugin);`
-//! and build for `wasm32-wasip2`. The SDK hides the WIT bindings and the flat
-//! batch encoding that keeps `transform` cheap per message.
+//! Implement [`Plugin`] inside [`plugin!`] (every hook has a default) and
+//! build for `wasm32-wasip2`. The macro exports the component and tells the
+//! host exactly the hooks the block implements: a hook cannot be written
+//! and left undeclared (the host skips undeclared hooks, so a forgotten
+//! `authorize_subscribe` would allow every subscription). The SDK hides the
+//! WIT bindings and the flat batch encoding that keeps `transform` cheap per
+//! message.
 //!
 //! ```ignore
 //! struct Upper;
-//! impl herald_sdk::Plugin for Upper {
-//!     const NAME: &'static str = "upper";
-//!     const HOOKS: &'static [herald_sdk::Hook] = &[herald_sdk::Hook::Transform];
-//!     fn transform(r: &herald_sdk::Record<'_>, out: &mut herald_sdk::Output) {
-//!         out.push(r.channel.unwrap_or("default"), &r.value.to_ascii_uppercase());
+//! herald_sdk::plugin! {
+//!     impl Plugin for Upper {
+//!         const NAME: &'static str = "upper";
+//!         fn transform(r: &herald_sdk::Record<'_>, out: &mut herald_sdk::Output) {
+//!             out.push(r.channel.unwrap_or("default"), &r.value.to_ascii_uppercase());
+//!         }
 //!     }
 //! }
-//! herald_sdk::export_plugin!(Upper);
 //! ```
 
 #[doc(hidden)]
@@ -32,8 +36,8 @@ pub use bindings::herald::plugin::types::{ConnectRequest, Denial, Level, Session
 use bindings::herald::plugin::types::{Hooks, Info, OutgoingBatch, RecordBatch};
 use std::marker::PhantomData;
 
-/// A hook a plugin implements; listed in [`Plugin::HOOKS`] so the host can
-/// skip the ones it does not.
+/// A hook a plugin implements; [`plugin!`] lists the ones its block writes,
+/// so the host can skip the others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hook {
     AuthorizeConnect,
@@ -168,12 +172,15 @@ fn decode_headers(mut b: &[u8]) -> Vec<(&str, &[u8])> {
     out
 }
 
-/// A tenant plugin. Every hook has a default; list the ones you write in
-/// [`Plugin::HOOKS`] so the host calls them.
+/// A tenant plugin. Every hook has a default; implement it inside
+/// [`plugin!`], which declares to the host the hooks the block writes.
 pub trait Plugin {
     const NAME: &'static str;
     const VERSION: &'static str = "0.1.0";
-    const HOOKS: &'static [Hook];
+    /// The hooks the implementation writes. Set by [`plugin!`] from the
+    /// block itself; never written by hand.
+    #[doc(hidden)]
+    const __HOOKS: &'static [Hook];
 
     /// Default: everyone may connect, as subject "anonymous".
     fn authorize_connect(req: ConnectRequest) -> Result<Session, Denial> {
@@ -223,7 +230,7 @@ pub fn config() -> String {
     bindings::herald::plugin::host::config()
 }
 
-/// Bridges a [`Plugin`] to the generated bindings; used by [`export_plugin!`].
+/// Bridges a [`Plugin`] to the generated bindings; used by [`plugin!`].
 #[doc(hidden)]
 pub struct Adapter<P>(PhantomData<P>);
 
@@ -258,7 +265,7 @@ impl<P: Plugin> Guest for Adapter<P> {
 
     fn describe() -> Info {
         let mut hooks = Hooks::empty();
-        for h in P::HOOKS {
+        for h in P::__HOOKS {
             hooks |= match h {
                 Hook::AuthorizeConnect => Hooks::AUTHORIZE_CONNECT,
                 Hook::AuthorizeSubscribe => Hooks::AUTHORIZE_SUBSCRIBE,
@@ -274,9 +281,49 @@ impl<P: Plugin> Guest for Adapter<P> {
     }
 }
 
-/// Exports a [`Plugin`] as the component's `herald:plugin/guest` interface.
+/// Implements [`Plugin`] for a type and exports it as the component: write
+/// the `impl Plugin for T { ... }` block inside. The hooks the host calls
+/// are the ones the block defines (`fn authorize_connect`, `fn
+/// authorize_subscribe`, `fn transform`, `fn merge`), derived here.
 #[macro_export]
-macro_rules! export_plugin {
+macro_rules! plugin {
+    (impl Plugin for $t:ty { $($body:tt)* }) => {
+        impl $crate::Plugin for $t {
+            const __HOOKS: &'static [$crate::Hook] = $crate::__hooks!([] $($body)*);
+            $($body)*
+        }
+        $crate::__export_plugin!($t);
+    };
+}
+
+/// The hooks an impl block defines, from its tokens (its items' bodies are
+/// single brace groups, so this walks the items, not their code).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __hooks {
+    ([$($h:expr,)*]) => { &[$($h,)*] };
+    ([$($h:expr,)*] fn authorize_connect $($rest:tt)*) => {
+        $crate::__hooks!([$($h,)* $crate::Hook::AuthorizeConnect,] $($rest)*)
+    };
+    ([$($h:expr,)*] fn authorize_subscribe $($rest:tt)*) => {
+        $crate::__hooks!([$($h,)* $crate::Hook::AuthorizeSubscribe,] $($rest)*)
+    };
+    ([$($h:expr,)*] fn transform $($rest:tt)*) => {
+        $crate::__hooks!([$($h,)* $crate::Hook::Transform,] $($rest)*)
+    };
+    ([$($h:expr,)*] fn merge $($rest:tt)*) => {
+        $crate::__hooks!([$($h,)* $crate::Hook::Merge,] $($rest)*)
+    };
+    ([$($h:expr,)*] $skip:tt $($rest:tt)*) => {
+        $crate::__hooks!([$($h,)*] $($rest)*)
+    };
+}
+
+/// Exports a [`Plugin`] as the component's `herald:plugin/guest` interface
+/// (used by [`plugin!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __export_plugin {
     ($plugin:ty) => {
         type __HeraldPluginAdapter = $crate::Adapter<$plugin>;
         $crate::bindings::__export_herald_plugin!(__HeraldPluginAdapter with_types_in $crate::bindings);
@@ -310,6 +357,30 @@ mod tests {
         );
         // Lengths past the data stop decoding instead of panicking.
         assert_eq!(decode_records(b"ab", &[0, 0, NONE64, 5, 0, 0]).len(), 0);
+    }
+
+    struct Subscribes;
+    crate::plugin! {
+        impl Plugin for Subscribes {
+            const NAME: &'static str = "subscribes";
+            /// Documented hooks count too.
+            #[allow(unused_variables)]
+            fn authorize_subscribe(session: Session, channel: String) -> Result<(), Denial> {
+                Err(Denial { code: "no".into(), message: String::new() })
+            }
+            fn merge(key: &str, older: &[u8], newer: &[u8]) -> Vec<u8> {
+                let _ = (key, newer);
+                older.to_vec()
+            }
+        }
+    }
+
+    #[test]
+    fn hooks_are_the_ones_the_block_writes() {
+        assert_eq!(
+            <Subscribes as Plugin>::__HOOKS,
+            &[Hook::AuthorizeSubscribe, Hook::Merge]
+        );
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub enum ApiError {
     /// The tenant's active plugin is not loaded on this node.
     #[error("the tenant's plugin (version {0}) is not loaded on this node; nothing was published, retry")]
     PluginUnavailable(i64),
+    /// The tenant's plugin threads and their queue are full.
+    #[error("the tenant's plugin is busy; nothing was published, retry")]
+    PluginBusy,
     /// The place a publish goes (cluster mode's shared log, a Kafka topic)
     /// did not confirm the write: (which, the cause, logged only).
     #[error("the {0} did not confirm the write; retry (a record not confirmed may still be delivered once)")]
@@ -72,6 +75,7 @@ impl ApiError {
             ApiError::BodyTimeout(_) => "request_timeout",
             ApiError::Unavailable => "unavailable",
             ApiError::PluginUnavailable(_) => "plugin_unavailable",
+            ApiError::PluginBusy => "plugin_busy",
             ApiError::SourceUnavailable("publish log", _) => "log_unavailable",
             ApiError::SourceUnavailable(..) => "source_unavailable",
             ApiError::TransformFailed(..) => "transform_failed",
@@ -101,7 +105,7 @@ impl IntoResponse for ApiError {
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            ApiError::Unavailable | ApiError::PluginUnavailable(_) => {
+            ApiError::Unavailable | ApiError::PluginUnavailable(_) | ApiError::PluginBusy => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::SourceUnavailable(what, cause) => {
@@ -117,7 +121,9 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({"error": {"code": self.code(), "message": self.to_string()}});
         let mut resp = (status, Json(body)).into_response();
         match &self {
-            ApiError::SourceUnavailable(..) | ApiError::PluginUnavailable(_) => {
+            ApiError::SourceUnavailable(..)
+            | ApiError::PluginUnavailable(_)
+            | ApiError::PluginBusy => {
                 resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
             }
             ApiError::RateLimited(wait) => {

@@ -10,6 +10,7 @@ use crate::fanout::deliver::Fate;
 use crate::fanout::position::MESSAGES_PER_RECORD;
 use crate::ingest;
 use crate::plugin::batch::SourceRecord;
+use crate::plugin::PluginError;
 use crate::proto;
 use crate::registry::now_ms;
 use crate::source::kafka::produce::{ProduceError, Publisher};
@@ -193,9 +194,12 @@ async fn publish(
         }
     };
     // Where plugin work runs, and when a batch may be retried: ingest::run_batch.
-    let outcomes = ingest::run_batch(&tenant, run)
+    let outcomes = ingest::run_batch(&tenant, crate::plugin::active::Patience::Bounded, run)
         .await
-        .map_err(|e| ApiError::TransformFailed(e.kind(), e.to_string()))?;
+        .map_err(|e| match e {
+            PluginError::Busy(_) => ApiError::PluginBusy,
+            e => ApiError::TransformFailed(e.kind(), e.to_string()),
+        })?;
     let results: Vec<serde_json::Value> = outcomes
         .iter()
         .map(|o| match o.fate {

@@ -1,29 +1,91 @@
-//! An activated plugin version: its linked component and a small pool of
-//! long-lived instances that calls borrow.
+//! An activated plugin version: its linked component, a small pool of
+//! long-lived instances that calls borrow, and the lane its calls run in.
 //!
-//! Owns: calling hooks under the sandbox. Invariants: one call per instance
-//! at a time; an instance that failed (trap, timeout, memory) is dropped,
-//! never returned to the pool; an instance whose memory passed the high-water
-//! mark is recycled after its call; a hot swap replaces the whole
-//! `ActivePlugin`, so calls in flight finish on the version they started on.
+//! Owns: calling hooks under the sandbox, and where they run. Invariants:
+//! one call per instance at a time; an instance that failed (trap, timeout,
+//! memory) is dropped, never returned to the pool; an instance whose memory
+//! passed the high-water mark is recycled after its call; a version has at
+//! most `threads + cores + 1` live instances (so its memory is bounded by
+//! that many caps); a call holds a runtime worker for at most the inline
+//! budget, never its deadline; a hot swap replaces the whole `ActivePlugin`,
+//! so calls in flight finish on the version they started on.
 
 use super::batch::{self, SourceRecord, Transformed};
 use super::{
     classify, deadline_ticks, ConnectRequest, Denial, Plugin, PluginError, PluginInfo, PluginPre,
-    Runtime, SandboxLimits, Session, StoreState, LOGS_PER_CALL,
+    Runtime, SandboxLimits, Session, StoreState, EPOCH_TICK, LOGS_PER_CALL,
 };
 use parking_lot::Mutex;
+use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
 use wasmtime::Store;
 
 /// Instances kept idle per version; more are made under load and dropped after.
 const POOL_MAX: usize = 4;
 
+/// How long a call may hold a runtime worker. A jwt-auth call takes ~7 µs
+/// and the hop to a blocking thread ~30 µs more (bench plugin), so most
+/// calls run inline; a call still running after this is cut and runs again
+/// on the tenant's plugin threads, and the version's later calls go there
+/// directly.
+pub const INLINE_BUDGET: Duration = Duration::from_millis(2);
+
+/// Offloaded calls in a row, each under a quarter of the inline budget,
+/// after which a version that was moved off the workers for being slow
+/// runs inline again.
+const FAST_STREAK: u32 = 256;
+
+/// Where a version's calls run.
+const INLINE: u8 = 0;
+/// Off the workers: a call overran the inline budget (may come back).
+const SLOW: u8 = 1;
+/// Off the workers for good: the guest did blocking WASI I/O (a print, its
+/// own panic message), which panics on a runtime thread.
+const BLOCKING: u8 = 2;
+
+thread_local! {
+    /// Set while a call runs inline on a runtime worker: `call` then gives
+    /// it the inline budget instead of its deadline.
+    static INLINE_CALL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether a call that finds every plugin thread busy may wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Patience {
+    /// A client's request (connect, subscribe, HTTP publish): waits behind
+    /// at most `queue` others, else `Busy` (503 `plugin_busy`).
+    Bounded,
+    /// A source reader: its batch waits as long as it takes (the reader is
+    /// the only caller of its kind, and waiting is its backpressure).
+    Unbounded,
+}
+
 struct Loaded {
     store: Store<StoreState>,
     plugin: Plugin,
+    _live: Live,
+}
+
+/// Counts a live instance for as long as it exists (pooled or in a call).
+struct Live(Arc<AtomicUsize>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Counts a call waiting for a plugin thread while it waits.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 pub struct ActivePlugin {
@@ -36,9 +98,15 @@ pub struct ActivePlugin {
     tenant: Arc<str>,
     config: Arc<str>,
     pool: Mutex<Vec<Loaded>>,
-    /// Set once the plugin timed out or did blocking WASI I/O: its calls
-    /// then run on blocking threads (see [`ActivePlugin::run`]).
-    offload: AtomicBool,
+    /// Instances in existence (pooled or in a call).
+    live: Arc<AtomicUsize>,
+    max_live: usize,
+    /// The tenant's plugin threads: calls off the runtime hold a permit.
+    threads: Arc<Semaphore>,
+    waiting: AtomicUsize,
+    /// INLINE, SLOW or BLOCKING.
+    mode: AtomicU8,
+    fast_streak: AtomicU32,
 }
 
 /// What an activation needs besides the component.
@@ -73,7 +141,16 @@ impl ActivePlugin {
             tenant: a.tenant,
             config: a.config,
             pool: Mutex::new(Vec::new()),
-            offload: AtomicBool::new(false),
+            live: Arc::new(AtomicUsize::new(0)),
+            // The tenant's threads, one inline call per runtime worker and
+            // the activation's own `describe`.
+            max_live: a.limits.threads
+                + std::thread::available_parallelism().map_or(2, |n| n.get())
+                + 1,
+            threads: Arc::new(Semaphore::new(a.limits.threads.max(1))),
+            waiting: AtomicUsize::new(0),
+            mode: AtomicU8::new(INLINE),
+            fast_streak: AtomicU32::new(0),
         };
         let info = active.call(|store, p| p.herald_plugin_guest().call_describe(store))?;
         active.info = PluginInfo {
@@ -84,11 +161,29 @@ impl ActivePlugin {
         Ok(Arc::new(active))
     }
 
+    /// Instances of this version in existence (pooled or in a call).
+    pub fn live_instances(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
     fn instantiate(&self) -> Result<Loaded, PluginError> {
+        let taken = self
+            .live
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_live).then_some(n + 1)
+            });
+        if taken.is_err() {
+            return Err(PluginError::Busy(self.waiting.load(Ordering::Acquire)));
+        }
+        let live = Live(self.live.clone());
         let mut store = self.runtime.store(&self.tenant, &self.config, self.limits);
         store.set_epoch_deadline(deadline_ticks(self.limits));
         match self.pre.instantiate(&mut store) {
-            Ok(plugin) => Ok(Loaded { store, plugin }),
+            Ok(plugin) => Ok(Loaded {
+                store,
+                plugin,
+                _live: live,
+            }),
             Err(e) => Err(match classify(e, store.data(), self.limits) {
                 PluginError::Trap(m) => PluginError::Instantiate(m),
                 other => other,
@@ -96,7 +191,8 @@ impl ActivePlugin {
         }
     }
 
-    /// Runs one call on a pooled instance under a fresh deadline.
+    /// Runs one call on a pooled instance under a fresh deadline (the
+    /// inline budget when it runs on a runtime worker, see [`Self::run`]).
     fn call<R>(
         &self,
         f: impl FnOnce(&mut Store<StoreState>, &Plugin) -> wasmtime::Result<R>,
@@ -106,14 +202,26 @@ impl ActivePlugin {
             Some(i) => i,
             None => self.instantiate()?,
         };
-        inst.store.set_epoch_deadline(deadline_ticks(self.limits));
-        inst.store.data_mut().log_budget = LOGS_PER_CALL;
+        let inline = INLINE_CALL.get();
+        let full = deadline_ticks(self.limits);
+        let ticks = if inline {
+            full.min(inline_ticks())
+        } else {
+            full
+        };
+        inst.store.set_epoch_deadline(ticks);
+        let state = inst.store.data_mut();
+        state.log_budget = LOGS_PER_CALL;
+        // What the limiter saw belongs to the call that saw it: a guest
+        // that survived a refused growth must not make a later trap look
+        // like a memory failure.
+        state.limiter.hit = false;
         match f(&mut inst.store, &inst.plugin) {
             Ok(v) => {
                 // Garbage-collected guests never give memory back: recycle an
                 // instance past three quarters of its cap.
                 let st = inst.store.data();
-                if st.limiter.peak <= self.limits.memory_bytes / 4 * 3 {
+                if st.limiter.total <= self.limits.memory_bytes / 4 * 3 {
                     let mut pool = self.pool.lock();
                     if pool.len() < POOL_MAX {
                         pool.push(inst);
@@ -121,7 +229,10 @@ impl ActivePlugin {
                 }
                 Ok(v)
             }
-            Err(e) => Err(classify(e, inst.store.data(), self.limits)),
+            Err(e) => Err(match classify(e, inst.store.data(), self.limits) {
+                PluginError::Timeout(_) if inline => PluginError::OverBudget,
+                other => other,
+            }),
         }
     }
 
@@ -161,45 +272,93 @@ impl ActivePlugin {
     }
 
     /// Runs plugin work `f` for async code. Fast path: right here, on the
-    /// runtime thread (a jwt-auth call is ~7 µs; a hop to a blocking thread
-    /// costs ~30 µs more). A plugin that once timed out, or that does
-    /// blocking WASI I/O (a guest printing, e.g. its own panic message:
-    /// WASI's synchronous streams block on a runtime of their own, which
-    /// panics on a runtime thread), is marked and from then on runs on a
-    /// blocking thread, so it can never stall the runtime again; the call
-    /// that found out is retried there.
+    /// runtime worker, under the inline budget ([`INLINE_BUDGET`]) instead
+    /// of the deadline. A call still running then is cut (its instance
+    /// dropped; hooks are pure, and a batch cut here published nothing) and
+    /// runs again on the tenant's plugin threads with its whole deadline;
+    /// the version's later calls go there directly until they have been
+    /// fast again for a while. A guest that does blocking WASI I/O (WASI's
+    /// synchronous streams block on a runtime of their own, which panics on
+    /// a runtime thread) runs off the workers for good. So no plugin holds a
+    /// worker for longer than the budget, whatever its deadline.
     pub async fn run<R: Send + 'static>(
         self: &Arc<Self>,
+        patience: Patience,
         f: impl Fn(&ActivePlugin) -> Result<R, PluginError> + Send + 'static,
     ) -> Result<R, PluginError> {
-        if !self.offload.load(Ordering::Relaxed) {
-            match std::panic::catch_unwind(AssertUnwindSafe(|| f(self))) {
-                Ok(Err(PluginError::Timeout(ms))) => {
-                    self.mark_offload("timed out");
-                    return Err(PluginError::Timeout(ms));
-                }
+        if self.mode.load(Ordering::Relaxed) == INLINE {
+            let was = INLINE_CALL.replace(true);
+            let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(self)));
+            INLINE_CALL.set(was);
+            match r {
+                Ok(Err(PluginError::OverBudget)) => self.demote(SLOW, "ran past the inline budget"),
                 Ok(r) => return r,
-                Err(_) => self.mark_offload("used blocking WASI I/O"),
+                Err(_) => self.demote(BLOCKING, "used blocking WASI I/O"),
             }
         }
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || f(&this))
-            .await
-            .unwrap_or_else(|e| Err(PluginError::Trap(format!("plugin thread failed: {e}"))))
+        self.offload(patience, f).await
     }
 
-    /// Runs `f` on a blocking thread, always.
-    pub async fn off_runtime<R: Send + 'static>(
-        f: impl FnOnce() -> Result<R, PluginError> + Send + 'static,
+    /// Runs `f` on one of the tenant's plugin threads (a blocking thread
+    /// holding one of its `threads` permits), waiting for one per
+    /// `patience`.
+    pub async fn offload<R: Send + 'static>(
+        self: &Arc<Self>,
+        patience: Patience,
+        f: impl FnOnce(&ActivePlugin) -> Result<R, PluginError> + Send + 'static,
     ) -> Result<R, PluginError> {
-        tokio::task::spawn_blocking(f)
-            .await
-            .unwrap_or_else(|e| Err(PluginError::Trap(format!("plugin thread failed: {e}"))))
+        let permit = match self.threads.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let ahead = self.waiting.fetch_add(1, Ordering::AcqRel);
+                let _waiting = Waiting(&self.waiting);
+                if patience == Patience::Bounded && ahead >= self.limits.queue {
+                    return Err(PluginError::Busy(ahead));
+                }
+                self.threads
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| PluginError::Busy(ahead))?
+            }
+        };
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let started = Instant::now();
+            let r = f(&this);
+            this.settle(started.elapsed(), r.is_ok());
+            r
+        })
+        .await
+        .unwrap_or_else(|e| Err(PluginError::Trap(format!("plugin thread failed: {e}"))))
     }
 
-    fn mark_offload(&self, why: &str) {
-        if !self.offload.swap(true, Ordering::Relaxed) {
-            tracing::warn!(tenant = %self.tenant, version = self.version, why, "plugin moves to blocking threads for its remaining calls");
+    /// A version moved off the workers for being slow comes back once its
+    /// calls have been fast for [`FAST_STREAK`] calls in a row.
+    fn settle(&self, took: Duration, ok: bool) {
+        if self.mode.load(Ordering::Relaxed) != SLOW {
+            return;
+        }
+        if !ok || took >= INLINE_BUDGET / 4 {
+            self.fast_streak.store(0, Ordering::Relaxed);
+            return;
+        }
+        if self.fast_streak.fetch_add(1, Ordering::Relaxed) + 1 >= FAST_STREAK
+            && self
+                .mode
+                .compare_exchange(SLOW, INLINE, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.fast_streak.store(0, Ordering::Relaxed);
+            tracing::info!(tenant = %self.tenant, version = self.version, "plugin calls are fast again; they run inline");
+        }
+    }
+
+    fn demote(&self, to: u8, why: &str) {
+        let from = self.mode.fetch_max(to, Ordering::Relaxed);
+        if from < to {
+            tracing::warn!(tenant = %self.tenant, version = self.version, why, "plugin calls move to the tenant's plugin threads");
         }
     }
 
@@ -207,7 +366,8 @@ impl ActivePlugin {
         self: Arc<Self>,
         req: ConnectRequest,
     ) -> Result<Result<Session, Denial>, PluginError> {
-        self.run(move |p| p.authorize_connect(&req)).await
+        self.run(Patience::Bounded, move |p| p.authorize_connect(&req))
+            .await
     }
 
     pub async fn authorize_subscribe_async(
@@ -215,8 +375,10 @@ impl ActivePlugin {
         session: Arc<Session>,
         channel: String,
     ) -> Result<Result<(), Denial>, PluginError> {
-        self.run(move |p| p.authorize_subscribe(&session, &channel))
-            .await
+        self.run(Patience::Bounded, move |p| {
+            p.authorize_subscribe(&session, &channel)
+        })
+        .await
     }
 
     pub fn merge(
@@ -235,4 +397,10 @@ impl ActivePlugin {
         }
         Ok(out)
     }
+}
+
+/// The inline budget in epoch ticks (a deadline of n ticks fires between
+/// n - 1 and n ticks from now).
+fn inline_ticks() -> u64 {
+    (INLINE_BUDGET.as_millis() as u64 / EPOCH_TICK.as_millis() as u64).max(1) + 1
 }

@@ -51,6 +51,15 @@ pub enum PluginError {
     /// node: nothing may run as if it had no plugin.
     #[error("plugin version {0} is active but not loaded on this node")]
     Unavailable(i64),
+    /// The tenant's plugin threads are all busy and its queue is full (or
+    /// it has as many live instances as it may): refused, not waited for.
+    #[error("the tenant's plugin is busy (every plugin thread taken, {0} calls waiting)")]
+    Busy(usize),
+    /// Internal: a call on a runtime worker ran past the inline budget and
+    /// was cut; [`active::ActivePlugin::run`] retries it on the tenant's
+    /// plugin threads. Never reaches a client.
+    #[error("plugin call ran past the inline budget")]
+    OverBudget,
 }
 
 impl PluginError {
@@ -64,6 +73,8 @@ impl PluginError {
             PluginError::MemoryExceeded(_) => "memory",
             PluginError::BadOutput(_) => "bad_output",
             PluginError::Unavailable(_) => "unavailable",
+            PluginError::Busy(_) => "busy",
+            PluginError::OverBudget => "over_budget",
         }
     }
 }
@@ -71,29 +82,52 @@ impl PluginError {
 /// The sandbox of one tenant's plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SandboxLimits {
+    /// All linear memories of one instance together.
     pub memory_bytes: usize,
     pub deadline: Duration,
+    /// Blocking threads the tenant's calls may use at once, beyond the
+    /// inline fast path (see `active::ActivePlugin::run`).
+    pub threads: usize,
+    /// Calls that may wait for one of those threads; past it a call is
+    /// refused with [`PluginError::Busy`].
+    pub queue: usize,
 }
 
-/// Memory accounting for one instance, enforced by wasmtime.
+/// Memory accounting for one instance, enforced by wasmtime: every linear
+/// memory of the instance counts against one cap (a component is several
+/// core modules, each may have memories of its own).
+#[derive(Debug)]
 struct Limiter {
     max: usize,
-    peak: usize,
+    /// Bytes of all linear memories together (they never shrink).
+    total: usize,
+    /// A growth was refused during the current call (reset before each).
     hit: bool,
+}
+
+impl Limiter {
+    fn new(max: usize) -> Limiter {
+        Limiter {
+            max,
+            total: 0,
+            hit: false,
+        }
+    }
 }
 
 impl ResourceLimiter for Limiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.max {
+        let grown = self.total.saturating_add(desired.saturating_sub(current));
+        if grown > self.max {
             self.hit = true;
             return Ok(false);
         }
-        self.peak = self.peak.max(desired);
+        self.total = grown;
         Ok(true)
     }
 
@@ -244,11 +278,7 @@ impl Runtime {
         let state = StoreState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limiter: Limiter {
-                max: limits.memory_bytes,
-                peak: 0,
-                hit: false,
-            },
+            limiter: Limiter::new(limits.memory_bytes),
             tenant: tenant.clone(),
             config: config.clone(),
             log_budget: LOGS_PER_CALL,
@@ -290,6 +320,25 @@ fn classify(e: wasmtime::Error, state: &StoreState, limits: SandboxLimits) -> Pl
             .take(300)
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_memory_counts_against_one_cap() {
+        let mut l = Limiter::new(10 << 20);
+        // Two memories of 6 MiB each: the second does not fit beside the first.
+        assert!(l.memory_growing(0, 6 << 20, None).unwrap());
+        assert!(!l.memory_growing(0, 6 << 20, None).unwrap());
+        assert!(l.hit);
+        // Growing one memory counts only what it adds.
+        l.hit = false;
+        assert!(l.memory_growing(6 << 20, 9 << 20, None).unwrap());
+        assert_eq!(l.total, 9 << 20);
+        assert!(!l.memory_growing(9 << 20, (10 << 20) + 1, None).unwrap());
+    }
 }
 
 /// Hooks a plugin declared, as host-side booleans.

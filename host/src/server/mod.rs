@@ -374,10 +374,14 @@ fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused
         ));
     };
     if !p.info.hooks.authorize_connect {
-        return Ok(Admission::Done(Admitted {
-            slot,
-            session: None,
-        }));
+        // Access "plugin" means the plugin decides who connects: one that
+        // cannot is no reason to let everyone in.
+        t.metrics.refused("plugin_lacks_hook");
+        return Err(Refused::new(
+            StatusCode::FORBIDDEN,
+            "plugin_lacks_hook",
+            "tenant access is \"plugin\" and its plugin has no authorize-connect hook; connections are refused (activate a plugin that authorizes connections, or set access to public)",
+        ));
     }
     Ok(Admission::Authorize(slot, p))
 }

@@ -684,7 +684,12 @@ impl Reader {
                 .collect();
             ingest::ingest(&tenant, &records)
         };
-        let result = ingest::run_batch(&self.tenant, run).await;
+        let result = ingest::run_batch(
+            &self.tenant,
+            crate::plugin::active::Patience::Unbounded,
+            run,
+        )
+        .await;
         // Without its plugin the tenant takes nothing: the reader stalls and
         // reads these rows again from the stored cursor once it is back.
         if let Err(e @ crate::plugin::PluginError::Unavailable(_)) = &result {

@@ -253,7 +253,7 @@ async fn upload_at(http: &reqwest::Client, url: &str, bytes: Vec<u8>) -> (u16, V
 }
 
 /// A WebSocket to `url`; the HTTP status and JSON body when refused.
-async fn ws_at(url: &str) -> Result<Ws, (u16, Value)> {
+pub async fn ws_at(url: &str) -> Result<Ws, (u16, Value)> {
     match tokio_tungstenite::connect_async(url).await {
         Ok((s, _)) => Ok(Ws { s }),
         Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {

@@ -10,6 +10,7 @@ mod limits;
 mod outbox;
 mod plugins;
 mod plugins_hostile;
+mod plugins_lanes;
 mod positions;
 mod pubsub;
 mod slow;

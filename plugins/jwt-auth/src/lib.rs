@@ -8,7 +8,7 @@
 //! Tenant config: `{"secret": "...", "default_channels": ["public.*"]}`.
 
 use base64::Engine as _;
-use herald_sdk::{ConnectRequest, Denial, Hook, Plugin, Session};
+use herald_sdk::{ConnectRequest, Denial, Session};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::sync::OnceLock;
@@ -101,48 +101,47 @@ fn matches(pattern: &str, subject: &str, channel: &str) -> bool {
     }
 }
 
-impl Plugin for JwtAuth {
-    const NAME: &'static str = "jwt-auth";
-    const HOOKS: &'static [Hook] = &[Hook::AuthorizeConnect, Hook::AuthorizeSubscribe];
+herald_sdk::plugin! {
+    impl Plugin for JwtAuth {
+        const NAME: &'static str = "jwt-auth";
 
-    fn authorize_connect(req: ConnectRequest) -> Result<Session, Denial> {
-        let cfg = config();
-        if cfg.secret.is_empty() {
-            return Err(deny("misconfigured", "tenant config has no `secret`"));
+        fn authorize_connect(req: ConnectRequest) -> Result<Session, Denial> {
+            let cfg = config();
+            if cfg.secret.is_empty() {
+                return Err(deny("misconfigured", "tenant config has no `secret`"));
+            }
+            let token = req
+                .credentials
+                .ok_or_else(|| deny("missing_token", "no token presented"))?;
+            let claims = verify(&token, cfg.secret.as_bytes(), herald_sdk::now_ms() / 1000)?;
+            let channels = claims
+                .channels
+                .unwrap_or_else(|| cfg.default_channels.clone());
+            Ok(Session {
+                subject: claims.sub,
+                audience: claims.role,
+                attributes: vec![("channels".into(), channels.join("\n"))],
+            })
         }
-        let token = req
-            .credentials
-            .ok_or_else(|| deny("missing_token", "no token presented"))?;
-        let claims = verify(&token, cfg.secret.as_bytes(), herald_sdk::now_ms() / 1000)?;
-        let channels = claims
-            .channels
-            .unwrap_or_else(|| cfg.default_channels.clone());
-        Ok(Session {
-            subject: claims.sub,
-            audience: claims.role,
-            attributes: vec![("channels".into(), channels.join("\n"))],
-        })
-    }
 
-    fn authorize_subscribe(session: Session, channel: String) -> Result<(), Denial> {
-        let patterns = session
-            .attributes
-            .iter()
-            .find(|(k, _)| k == "channels")
-            .map(|(_, v)| v.as_str())
-            .unwrap_or("");
-        if patterns
-            .lines()
-            .any(|p| matches(p, &session.subject, &channel))
-        {
-            Ok(())
-        } else {
-            Err(deny(
-                "forbidden",
-                &format!("{} may not subscribe to {channel}", session.subject),
-            ))
+        fn authorize_subscribe(session: Session, channel: String) -> Result<(), Denial> {
+            let patterns = session
+                .attributes
+                .iter()
+                .find(|(k, _)| k == "channels")
+                .map(|(_, v)| v.as_str())
+                .unwrap_or("");
+            if patterns
+                .lines()
+                .any(|p| matches(p, &session.subject, &channel))
+            {
+                Ok(())
+            } else {
+                Err(deny(
+                    "forbidden",
+                    &format!("{} may not subscribe to {channel}", session.subject),
+                ))
+            }
         }
     }
 }
-
-herald_sdk::export_plugin!(JwtAuth);

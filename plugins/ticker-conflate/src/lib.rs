@@ -3,7 +3,7 @@
 //! its conflation key, so inside a tenant's conflation window the host keeps
 //! only the latest tick per symbol, without calling the plugin again.
 
-use herald_sdk::{Hook, Level, Output, Plugin, Record};
+use herald_sdk::{Level, Output, Record};
 use serde_json::value::RawValue;
 
 struct Ticker;
@@ -24,28 +24,27 @@ fn symbol_ok(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
 }
 
-impl Plugin for Ticker {
-    const NAME: &'static str = "ticker-conflate";
-    const HOOKS: &'static [Hook] = &[Hook::Transform];
+herald_sdk::plugin! {
+    impl Plugin for Ticker {
+        const NAME: &'static str = "ticker-conflate";
 
-    fn transform(r: &Record<'_>, out: &mut Output) {
-        let Ok(tick) = serde_json::from_slice::<Tick<'_>>(r.value) else {
-            herald_sdk::log(Level::Debug, "dropping a record that is not a tick");
-            return;
-        };
-        if !symbol_ok(tick.sym) {
-            return;
-        }
-        match r.channel {
-            Some(ch) => out.push_full(ch, r.value, Some(tick.sym), None),
-            None => out.push_full(
-                &format!("ticks.{}", tick.sym),
-                r.value,
-                Some(tick.sym),
-                None,
-            ),
+        fn transform(r: &Record<'_>, out: &mut Output) {
+            let Ok(tick) = serde_json::from_slice::<Tick<'_>>(r.value) else {
+                herald_sdk::log(Level::Debug, "dropping a record that is not a tick");
+                return;
+            };
+            if !symbol_ok(tick.sym) {
+                return;
+            }
+            match r.channel {
+                Some(ch) => out.push_full(ch, r.value, Some(tick.sym), None),
+                None => out.push_full(
+                    &format!("ticks.{}", tick.sym),
+                    r.value,
+                    Some(tick.sym),
+                    None,
+                ),
+            }
         }
     }
 }
-
-herald_sdk::export_plugin!(Ticker);

@@ -3,7 +3,7 @@
 //! of the latest tick winning. Declares the `merge` hook, so the host calls it
 //! for every tick that meets an older one in the window.
 
-use herald_sdk::{Hook, Output, Plugin, Record};
+use herald_sdk::{Output, Record};
 use serde_json::{json, Value};
 
 struct TickerMerge;
@@ -29,38 +29,37 @@ fn encode((sym, last, high, low, n): (String, f64, f64, f64, u64)) -> Vec<u8> {
         .into_bytes()
 }
 
-impl Plugin for TickerMerge {
-    const NAME: &'static str = "ticker-merge";
-    const HOOKS: &'static [Hook] = &[Hook::Transform, Hook::Merge];
+herald_sdk::plugin! {
+    impl Plugin for TickerMerge {
+        const NAME: &'static str = "ticker-merge";
 
-    fn transform(r: &Record<'_>, out: &mut Output) {
-        let Some(b) = serde_json::from_slice::<Value>(r.value)
-            .ok()
-            .as_ref()
-            .and_then(bar)
-        else {
-            return;
-        };
-        let ch = r
-            .channel
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("ticks.{}", b.0));
-        let sym = b.0.clone();
-        out.push_full(&ch, &encode(b), Some(&sym), None);
-    }
-
-    fn merge(_key: &str, older: &[u8], newer: &[u8]) -> Vec<u8> {
-        let parse = |b: &[u8]| {
-            serde_json::from_slice::<Value>(b)
+        fn transform(r: &Record<'_>, out: &mut Output) {
+            let Some(b) = serde_json::from_slice::<Value>(r.value)
                 .ok()
                 .as_ref()
                 .and_then(bar)
-        };
-        match (parse(older), parse(newer)) {
-            (Some(o), Some(n)) => encode((n.0, n.1, o.2.max(n.2), o.3.min(n.3), o.4 + n.4)),
-            _ => newer.to_vec(),
+            else {
+                return;
+            };
+            let ch = r
+                .channel
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("ticks.{}", b.0));
+            let sym = b.0.clone();
+            out.push_full(&ch, &encode(b), Some(&sym), None);
+        }
+
+        fn merge(_key: &str, older: &[u8], newer: &[u8]) -> Vec<u8> {
+            let parse = |b: &[u8]| {
+                serde_json::from_slice::<Value>(b)
+                    .ok()
+                    .as_ref()
+                    .and_then(bar)
+            };
+            match (parse(older), parse(newer)) {
+                (Some(o), Some(n)) => encode((n.0, n.1, o.2.max(n.2), o.3.min(n.3), o.4 + n.4)),
+                _ => newer.to_vec(),
+            }
         }
     }
 }
-
-herald_sdk::export_plugin!(TickerMerge);
