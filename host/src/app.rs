@@ -33,6 +33,10 @@ pub struct App {
     pub plugins: Arc<Runtime>,
     ready: AtomicBool,
     over_memory: AtomicBool,
+    /// Near the budget, at least one tenant holds more than its share: only
+    /// such tenants are refused (otherwise the growth is nobody's in
+    /// particular, and every tenant is).
+    memory_blamed: AtomicBool,
     pub metrics: PrometheusHandle,
     /// Cluster mode's shared parts; `None` on a node of its own.
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
@@ -105,6 +109,7 @@ impl App {
             plugins,
             ready: AtomicBool::new(false),
             over_memory: AtomicBool::new(false),
+            memory_blamed: AtomicBool::new(false),
             metrics,
             cluster: None,
             turns: Default::default(),
@@ -142,6 +147,17 @@ impl App {
 
     pub fn set_over_memory(&self, over: bool) {
         self.over_memory.store(over, Ordering::Relaxed);
+    }
+
+    /// Whether a new connection of `tenant` is refused for memory: near
+    /// the budget, if the tenant is past its share, or if no tenant is
+    /// (the growth is not one tenant's burst).
+    pub fn refuses_for_memory(&self, tenant: &crate::tenant::Tenant) -> bool {
+        self.over_memory() && (tenant.over_share() || !self.memory_blamed.load(Ordering::Relaxed))
+    }
+
+    pub fn set_memory_blamed(&self, blamed: bool) {
+        self.memory_blamed.store(blamed, Ordering::Relaxed);
     }
 
     pub fn check_admin_token(&self, presented: &str) -> bool {

@@ -158,6 +158,24 @@ pub struct LimitArgs {
     /// Age after which history is dropped, in seconds.
     #[arg(long, env = "HERALD_HISTORY_TTL_SECS", default_value_t = 300)]
     pub history_ttl_secs: u64,
+    /// Encoded bytes of history one channel keeps (besides the count and age).
+    #[arg(long, env = "HERALD_HISTORY_BYTES", default_value_t = 1 << 20)]
+    pub history_bytes: usize,
+    /// MiB of history all of one tenant's channels keep together; a message
+    /// past it is sent live, not kept (a resume across it gets a `gap`).
+    #[arg(long, env = "HERALD_TENANT_HISTORY_MIB", default_value_t = 256)]
+    pub tenant_history_mib: usize,
+    /// Channels one tenant's subscribers may bring into being.
+    #[arg(long, env = "HERALD_MAX_CHANNELS", default_value_t = 100_000)]
+    pub max_channels: usize,
+    /// MiB one tenant's conflation window may hold.
+    #[arg(long, env = "HERALD_CONFLATION_MAX_MIB", default_value_t = 64)]
+    pub conflation_max_mib: usize,
+    /// Percent of --memory-budget-mib one tenant's queues, histories and
+    /// window may hold: near the budget only tenants past their share are
+    /// refused new connections.
+    #[arg(long, env = "HERALD_MEMORY_SHARE_PERCENT", default_value_t = 50)]
+    pub memory_share_percent: u8,
     /// Memory cap of each plugin instance, in MiB.
     #[arg(long, env = "HERALD_PLUGIN_MEMORY_MIB", default_value_t = 64)]
     pub plugin_memory_mib: usize,
@@ -337,7 +355,7 @@ impl ServeArgs {
             }
             None
         };
-        Ok(Config {
+        let config = Config {
             cluster,
             advertise: self.advertise.clone(),
             data_dir: self.data_dir.clone(),
@@ -373,6 +391,11 @@ impl ServeArgs {
                 publish_burst: l.publish_burst,
                 history_size: l.history_size,
                 history_ttl_ms: l.history_ttl_secs * 1000,
+                history_bytes: l.history_bytes,
+                history_total_bytes: l.tenant_history_mib << 20,
+                max_channels: l.max_channels,
+                conflation_max_bytes: l.conflation_max_mib << 20,
+                memory_share_percent: l.memory_share_percent,
                 plugin_memory_bytes: l.plugin_memory_mib << 20,
                 plugin_deadline_ms: l.plugin_deadline_ms,
                 plugin_max_bytes: l.plugin_max_mib << 20,
@@ -381,7 +404,12 @@ impl ServeArgs {
                 client_ops_per_sec: l.client_ops_per_sec,
                 client_ops_burst: l.client_ops_burst,
             },
-        })
+        };
+        // The defaults must pass the checks a tenant's overrides pass.
+        crate::tenant::LimitOverrides::default()
+            .apply(&config.limits)
+            .map_err(|e| format!("the command line's limits do not work together: {e}"))?;
+        Ok(config)
     }
 }
 

@@ -150,6 +150,7 @@ fn record(tenant: &Tenant, t: &Tally) {
     m.conflated.increment(t.queue_conflated);
     m.dropped.increment(t.dropped);
     m.disconnected.increment(t.disconnected);
+    m.history_not_kept.increment(t.not_kept);
     if t.rebased > 0 {
         tenant.source.lock().health.lock().rebased += t.rebased;
     }

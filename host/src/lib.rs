@@ -274,6 +274,21 @@ async fn watch_memory(app: Arc<App>) {
         metrics::set_rss(rss);
         if let Some(budget) = app.config.memory_budget_bytes {
             let over = rss >= budget / 100 * 95;
+            // Whose memory it is, before saying the process is near the
+            // budget: one tenant's burst refuses its own clients only.
+            let mut blamed = false;
+            for t in app.tenants.all() {
+                let share = budget / 100 * u64::from(t.settings().limits.memory_share_percent);
+                let past = over && t.accounted_bytes() as u64 > share;
+                if past != t.over_share() {
+                    if past {
+                        tracing::warn!(tenant = %t.id, share, "tenant past its share of the memory budget: refusing its new connections");
+                    }
+                    t.set_over_share(past);
+                }
+                blamed |= past;
+            }
+            app.set_memory_blamed(blamed);
             if over != app.over_memory() {
                 if over {
                     tracing::warn!(

@@ -59,6 +59,9 @@ pub struct TenantMetrics {
     /// Source messages published at the channel's next position because
     /// another stream (a second Kafka partition) fed the channel further.
     pub rebased: Counter,
+    /// Messages sent live but not kept in history (the tenant's histories
+    /// were full; a resume across them gets a `gap`).
+    pub history_not_kept: Counter,
     pub source_up: Gauge,
     pub source_lag: Gauge,
     pub source_records: Counter,
@@ -82,6 +85,7 @@ impl TenantMetrics {
             dropped: slow("dropped"),
             disconnected: slow("disconnected"),
             window_conflated: counter!("herald_window_conflated_total", "tenant" => t.clone()),
+            history_not_kept: counter!("herald_history_not_kept_total", "tenant" => t.clone()),
             source_up: gauge!("herald_source_up", "tenant" => t.clone()),
             source_lag: gauge!("herald_source_lag", "tenant" => t.clone()),
             source_records: counter!("herald_source_records_total", "tenant" => t.clone()),

@@ -19,7 +19,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::sync::Weak;
 use std::time::{Duration, Instant};
@@ -56,6 +56,20 @@ pub struct TenantLimits {
     pub publish_burst: u32,
     pub history_size: usize,
     pub history_ttl_ms: u64,
+    /// Encoded bytes one channel's history may hold, and all the tenant's
+    /// channels' histories together.
+    pub history_bytes: usize,
+    pub history_total_bytes: usize,
+    /// Channels a tenant's subscribers may bring into being; a subscribe
+    /// past it gets `err` `too_many_channels`.
+    pub max_channels: usize,
+    /// Bytes the conflation window may hold (besides at most 100,000
+    /// entries); a message past it is published at once instead.
+    pub conflation_max_bytes: usize,
+    /// Share of the process memory budget (percent) the tenant's queues,
+    /// histories and window may hold: near the budget, only tenants past
+    /// their share are refused new connections.
+    pub memory_share_percent: u8,
     pub plugin_memory_bytes: usize,
     pub plugin_deadline_ms: u64,
     pub plugin_max_bytes: usize,
@@ -74,6 +88,8 @@ impl TenantLimits {
         HistoryLimits {
             max_messages: self.history_size,
             max_age_ms: self.history_ttl_ms,
+            max_bytes: self.history_bytes,
+            tenant_max_bytes: self.history_total_bytes,
         }
     }
 
@@ -111,6 +127,16 @@ pub struct LimitOverrides {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history_ttl_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub history_bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history_total_bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_channels: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conflation_max_bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_share_percent: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub plugin_memory_bytes: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plugin_deadline_ms: Option<u64>,
@@ -139,6 +165,17 @@ impl LimitOverrides {
             publish_burst: self.publish_burst.unwrap_or(defaults.publish_burst),
             history_size: self.history_size.unwrap_or(defaults.history_size),
             history_ttl_ms: self.history_ttl_ms.unwrap_or(defaults.history_ttl_ms),
+            history_bytes: self.history_bytes.unwrap_or(defaults.history_bytes),
+            history_total_bytes: self
+                .history_total_bytes
+                .unwrap_or(defaults.history_total_bytes),
+            max_channels: self.max_channels.unwrap_or(defaults.max_channels),
+            conflation_max_bytes: self
+                .conflation_max_bytes
+                .unwrap_or(defaults.conflation_max_bytes),
+            memory_share_percent: self
+                .memory_share_percent
+                .unwrap_or(defaults.memory_share_percent),
             plugin_memory_bytes: self
                 .plugin_memory_bytes
                 .unwrap_or(defaults.plugin_memory_bytes),
@@ -169,6 +206,20 @@ impl LimitOverrides {
         }
         if l.history_size > 100_000 {
             return Err("limits.history_size must be at most 100000".into());
+        }
+        if l.history_bytes < l.max_message_bytes || l.history_total_bytes < l.history_bytes {
+            return Err("limits.history_bytes must be at least limits.max_message_bytes, and limits.history_total_bytes at least limits.history_bytes".into());
+        }
+        if !(1..=10_000_000).contains(&l.max_channels) {
+            return Err("limits.max_channels must be between 1 and 10000000".into());
+        }
+        if l.conflation_max_bytes < l.max_message_bytes {
+            return Err(
+                "limits.conflation_max_bytes must be at least limits.max_message_bytes".into(),
+            );
+        }
+        if !(1..=100).contains(&l.memory_share_percent) {
+            return Err("limits.memory_share_percent must be between 1 and 100".into());
         }
         if !(1 << 20..=4 << 30).contains(&l.plugin_memory_bytes) {
             return Err("limits.plugin_memory_bytes must be between 1 MiB and 4 GiB".into());
@@ -224,6 +275,9 @@ pub struct Tenant {
     /// Cluster mode: rung when the registry announces new rows of this
     /// tenant in the shared publish log (its reader waits on it).
     pub log_written: tokio::sync::Notify,
+    /// Near the process memory budget, this tenant holds more than its
+    /// share (`watch_memory`): its new connections are refused.
+    over_share: AtomicBool,
 }
 
 pub fn key_digest(key: &str) -> [u8; 32] {
@@ -237,6 +291,7 @@ impl Tenant {
             settings.limits.publish_burst,
             Instant::now(),
         );
+        let window_bytes = settings.limits.conflation_max_bytes;
         Arc::new(Tenant {
             id: id.into(),
             settings: RwLock::new(Arc::new(settings)),
@@ -247,10 +302,14 @@ impl Tenant {
             metrics: TenantMetrics::new(id),
             plugin: RwLock::new(None),
             wanted_plugin: std::sync::atomic::AtomicI64::new(0),
-            conflator: Mutex::new(Conflator::default()),
+            conflator: Mutex::new(Conflator::with_limits(
+                crate::fanout::conflate::MAX_HELD,
+                window_bytes,
+            )),
             last_flush: Mutex::new(Instant::now()),
             source: Mutex::new(crate::source::SourceSlot::default()),
             log_written: tokio::sync::Notify::new(),
+            over_share: AtomicBool::new(false),
         })
     }
 
@@ -293,6 +352,9 @@ impl Tenant {
     /// Installs new settings; closes every session when access changed.
     pub fn update(&self, new: TenantSettings) {
         let old = std::mem::replace(&mut *self.settings.write(), Arc::new(new.clone()));
+        self.conflator
+            .lock()
+            .set_max_bytes(new.limits.conflation_max_bytes);
         *self.rate.lock() = TokenBucket::new(
             new.limits.publish_rate,
             new.limits.publish_burst,
@@ -321,6 +383,22 @@ impl Tenant {
     /// Takes `n` publish tokens or says how long to wait.
     pub fn take_publish_tokens(&self, n: u32) -> Result<(), Duration> {
         self.rate.lock().try_take(n, Instant::now())
+    }
+
+    /// Bytes this tenant holds in memory the host can count: session
+    /// queues, channel histories and the conflation window. Walks the
+    /// sessions: called once a second, only near the memory budget.
+    pub fn accounted_bytes(&self) -> usize {
+        let window = self.conflator.try_lock().map_or(0, |c| c.bytes());
+        self.hub.history_bytes() + window + self.sessions.queued_bytes()
+    }
+
+    pub fn over_share(&self) -> bool {
+        self.over_share.load(Ordering::Relaxed)
+    }
+
+    pub fn set_over_share(&self, over: bool) {
+        self.over_share.store(over, Ordering::Relaxed);
     }
 
     pub fn connections(&self) -> usize {
@@ -548,6 +626,11 @@ impl SessionRegistry {
             .iter()
             .filter_map(|(_, w)| w.upgrade())
             .collect()
+    }
+
+    /// Bytes queued for every live session together.
+    pub fn queued_bytes(&self) -> usize {
+        self.handles().iter().map(|h| h.queued_bytes()).sum()
     }
 
     /// Queues a control frame for every live session (source status).

@@ -6,8 +6,8 @@
 //! window. Invariants: entries leave in the order their newest messages
 //! arrived (the source's order), whole or per channel, so a window collapses
 //! a channel's messages but never reorders them; the pending set is bounded
-//! (a message that would exceed the bound is published at once instead of
-//! held, after what its channel holds).
+//! in entries and in bytes (a message that would exceed either bound is
+//! published at once instead of held, after what its channel holds).
 
 use super::At;
 use crate::proto::PayloadKind;
@@ -82,6 +82,9 @@ pub struct Conflator {
     channels: HashMap<String, ChannelWindow>,
     len: usize,
     max: usize,
+    /// Bytes held (payloads, keys and channel names), and the bound.
+    bytes: usize,
+    max_bytes: usize,
     /// Counts offers: an entry's arrival is that of its newest message.
     arrivals: u64,
 }
@@ -115,15 +118,43 @@ fn in_arrival_order(mut entries: Vec<(u64, Held)>) -> Vec<Held> {
     entries.into_iter().map(|(_, h)| h).collect()
 }
 
+/// What a held entry costs in bytes.
+fn held_bytes(h: &Held) -> usize {
+    h.channel.len()
+        + h.key.len()
+        + h.variants
+            .iter()
+            .map(|v| v.payload.len() + v.audience.as_ref().map_or(0, |a| a.len()))
+            .sum::<usize>()
+}
+
 impl Conflator {
     /// A pending set of at most `max` (channel, key) pairs.
     pub fn with_max(max: usize) -> Conflator {
+        Conflator::with_limits(max, usize::MAX)
+    }
+
+    /// At most `max` pairs and `max_bytes` bytes.
+    pub fn with_limits(max: usize, max_bytes: usize) -> Conflator {
         Conflator {
             channels: HashMap::new(),
             len: 0,
             max,
+            bytes: 0,
+            max_bytes,
             arrivals: 0,
         }
+    }
+
+    /// Changes the byte bound (the tenant's limits changed); what is held
+    /// stays until the window closes.
+    pub fn set_max_bytes(&mut self, max_bytes: usize) {
+        self.max_bytes = max_bytes;
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     pub fn len(&self) -> usize {
@@ -176,6 +207,7 @@ impl Conflator {
             held.count += msg.count;
             // The entry becomes what each audience would see of the newer
             // message, combined with what it would have seen of the older.
+            self.bytes -= held_bytes(held);
             let older = std::mem::take(&mut held.variants);
             held.variants = msg
                 .variants
@@ -191,12 +223,15 @@ impl Conflator {
                     }
                 })
                 .collect();
+            self.bytes += held_bytes(held);
             return (Offer::Conflated, None);
         }
-        if self.len >= self.max {
+        let size = held_bytes(&msg);
+        if self.len >= self.max || self.bytes + size > self.max_bytes {
             return (Offer::Full, Some(msg));
         }
         self.len += 1;
+        self.bytes += size;
         self.channels
             .entry(msg.channel.clone())
             .or_default()
@@ -225,12 +260,14 @@ impl Conflator {
             return Vec::new();
         };
         self.len -= w.len();
+        self.bytes -= w.values().map(|(_, h)| held_bytes(h)).sum::<usize>();
         in_arrival_order(w.into_values().collect())
     }
 
     /// Everything held, in arrival order.
     pub fn drain(&mut self) -> Vec<Held> {
         self.len = 0;
+        self.bytes = 0;
         in_arrival_order(
             self.channels
                 .drain()
@@ -277,6 +314,27 @@ mod tests {
         assert_eq!(out[4].variants[0].payload, b"999");
         assert!(out.iter().all(|h| h.count == 200));
         assert!(c.drain().is_empty());
+    }
+
+    /// Issue 11: the window is bounded in bytes too; a message past the
+    /// bound is published at once (Full), and the count follows what is held.
+    #[test]
+    fn the_window_is_bounded_in_bytes() {
+        let one = held_bytes(&tick("A", 100));
+        let mut c = Conflator::with_limits(1000, one * 2);
+        assert_eq!(c.offer(tick("A", 100), latest).0, Offer::Held);
+        assert_eq!(c.offer(tick("B", 100), latest).0, Offer::Held);
+        assert_eq!(c.offer(tick("C", 100), latest).0, Offer::Full);
+        // Replacing a held entry is always possible, and keeps the count.
+        assert_eq!(c.offer(tick("A", 101), latest).0, Offer::Conflated);
+        assert_eq!(c.bytes(), one * 2);
+        let mut ch = tick("D", 1);
+        ch.channel = "other".into();
+        assert_eq!(c.take_channel("ticks").len(), 2);
+        assert_eq!(c.bytes(), 0);
+        assert_eq!(c.offer(ch, latest).0, Offer::Held);
+        c.drain();
+        assert_eq!(c.bytes(), 0);
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub struct Tally {
     pub queue_conflated: u64,
     pub dropped: u64,
     pub disconnected: u64,
+    /// Messages sent live but not kept: the tenant's histories were full.
+    pub not_kept: u64,
 }
 
 impl Tally {
@@ -52,6 +54,9 @@ impl Tally {
         self.disconnected += r.disconnected as u64;
         if r.rebased {
             self.rebased += 1;
+        }
+        if r.not_kept {
+            self.not_kept += 1;
         }
         if r.first_rebase {
             self.newly_rebased.push(channel.to_string());
@@ -210,6 +215,8 @@ mod tests {
     const H: HistoryLimits = HistoryLimits {
         max_messages: 100,
         max_age_ms: 60_000,
+        max_bytes: usize::MAX,
+        tenant_max_bytes: usize::MAX,
     };
 
     /// Delivers `batch` through a 100 ms window on every channel.

@@ -33,6 +33,7 @@ use position::{SourcePos, MESSAGES_PER_RECORD};
 use queue::Wire;
 use session::{Delivery, SessionHandle};
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Which sessions a frame is for.
@@ -96,6 +97,13 @@ pub struct HistoryLimits {
     /// Positions kept (a position with several audience variants counts once).
     pub max_messages: usize,
     pub max_age_ms: u64,
+    /// Encoded bytes one channel's history may hold.
+    pub max_bytes: usize,
+    /// Encoded bytes the histories of all the tenant's channels may hold
+    /// together: a message that would pass it is sent live but not kept,
+    /// and its channel's history is cleared (a resume across it gets a
+    /// `gap`, never a silent hole).
+    pub tenant_max_bytes: usize,
 }
 
 /// A message to publish into one channel.
@@ -188,6 +196,9 @@ pub struct PublishReport {
     pub rebased: bool,
     /// This publish was the channel's first rebase: worth one log line.
     pub first_rebase: bool,
+    /// The tenant's histories were full: the message was not kept (and its
+    /// channel's history was cleared).
+    pub not_kept: bool,
 }
 
 impl PublishReport {
@@ -226,11 +237,18 @@ const TRACKED_AUDIENCES: usize = 64;
 /// The frames of one position: one per variant (and per distinct `prev`).
 type Entry = Box<[Arc<Published>]>;
 
+/// What an entry holds in encoded bytes (both wire formats).
+fn entry_bytes(e: &[Arc<Published>]) -> usize {
+    e.iter().map(|p| p.ws.len() + p.sse.len()).sum()
+}
+
 struct Channel {
     name: Arc<str>,
     epoch: u64,
     seq: u64,
     history: VecDeque<Entry>,
+    /// Encoded bytes `history` holds (counted in the hub's total too).
+    history_bytes: usize,
     /// Keyed by the handle's address: O(1) leave, Vec-like iteration.
     subscribers: IndexMap<usize, Subscriber>,
     marks: Vec<Mark>,
@@ -276,6 +294,7 @@ impl Channel {
             name,
             seq: 0,
             history: VecDeque::new(),
+            history_bytes: 0,
             subscribers: IndexMap::new(),
             marks: Vec::new(),
             untagged_last: 0,
@@ -284,17 +303,28 @@ impl Channel {
         }
     }
 
-    fn trim(&mut self, limits: HistoryLimits, now_ms: u64) {
-        while self.history.len() > limits.max_messages {
-            self.history.pop_front();
-        }
+    fn trim(&mut self, limits: HistoryLimits, now_ms: u64, total: &AtomicUsize) {
+        let before = self.history_bytes;
         while let Some(front) = self.history.front() {
-            if now_ms.saturating_sub(front[0].at_ms) > limits.max_age_ms {
+            let expired = now_ms.saturating_sub(front[0].at_ms) > limits.max_age_ms;
+            if self.history.len() > limits.max_messages
+                || self.history_bytes > limits.max_bytes
+                || expired
+            {
+                self.history_bytes -= entry_bytes(front);
                 self.history.pop_front();
             } else {
                 break;
             }
         }
+        total.fetch_sub(before - self.history_bytes, Ordering::Relaxed);
+    }
+
+    /// Drops the whole history (the tenant's histories are full).
+    fn forget(&mut self, total: &AtomicUsize) {
+        total.fetch_sub(self.history_bytes, Ordering::Relaxed);
+        self.history_bytes = 0;
+        self.history.clear();
     }
 
     /// The last position sessions of `audience` were sent.
@@ -449,6 +479,8 @@ impl Channel {
 /// All channels of one tenant.
 pub struct Hub {
     channels: Mutex<HashMap<Arc<str>, Arc<Mutex<Channel>>>>,
+    /// Encoded bytes of every channel's history together.
+    history_bytes: AtomicUsize,
     /// The source's epoch seed (`new_source`); `None`: every channel picks a
     /// random epoch (positions of this node alone).
     seed: Mutex<Option<u64>>,
@@ -458,6 +490,7 @@ impl Default for Hub {
     fn default() -> Self {
         Hub {
             channels: Mutex::new(HashMap::new()),
+            history_bytes: AtomicUsize::new(0),
             seed: Mutex::new(None),
         }
     }
@@ -497,6 +530,18 @@ impl Hub {
     /// Number of channels currently held (with subscribers or history).
     pub fn channel_count(&self) -> usize {
         self.channels.lock().len()
+    }
+
+    /// Whether a subscriber may use `ch`: it exists, or fewer than `max`
+    /// channels do (a client looping over fresh names cannot grow the map).
+    pub fn may_open(&self, ch: &str, max: usize) -> bool {
+        let map = self.channels.lock();
+        map.len() < max || map.contains_key(ch)
+    }
+
+    /// Encoded bytes the tenant's channel histories hold.
+    pub fn history_bytes(&self) -> usize {
+        self.history_bytes.load(Ordering::Relaxed)
     }
 
     /// Assigns the next position, records history, and queues the frame for
@@ -553,9 +598,17 @@ impl Hub {
             !matches!(d, Delivery::Disconnected | Delivery::Closed)
         });
         if limits.max_messages > 0 {
-            c.history.push_back(frames.into_boxed_slice());
+            let size = entry_bytes(&frames);
+            if self.history_bytes.load(Ordering::Relaxed) + size > limits.tenant_max_bytes {
+                c.forget(&self.history_bytes);
+                report.not_kept = true;
+            } else {
+                self.history_bytes.fetch_add(size, Ordering::Relaxed);
+                c.history_bytes += size;
+                c.history.push_back(frames.into_boxed_slice());
+            }
         }
-        c.trim(limits, now_ms);
+        c.trim(limits, now_ms, &self.history_bytes);
         Ok((seq, report))
     }
 
@@ -573,7 +626,7 @@ impl Hub {
     ) -> SubscribeResult {
         let chan = self.channel(ch);
         let mut c = chan.lock();
-        c.trim(limits, now_ms);
+        c.trim(limits, now_ms, &self.history_bytes);
         let audience = session.audience();
         let mut head = c.last_for(audience);
         // A different epoch means the positions the client holds belong to
@@ -638,12 +691,38 @@ impl Hub {
         result
     }
 
+    /// Leaves `ch`; a channel left with neither subscribers nor history is
+    /// dropped at once (sub/unsub over fresh names leaves nothing behind).
     pub fn unsubscribe(&self, ch: &str, session: &Arc<SessionHandle>) {
-        let chan = match self.channels.lock().get(ch) {
-            Some(c) => c.clone(),
-            None => return,
+        let Some(chan) = self.channels.lock().get(ch).cloned() else {
+            return;
         };
-        chan.lock().subscribers.swap_remove(&key_of(session));
+        let unused = {
+            let mut c = chan.lock();
+            c.subscribers.swap_remove(&key_of(session));
+            c.subscribers.is_empty() && c.history.is_empty()
+        };
+        if unused {
+            self.remove_if_unused(ch, &chan);
+        }
+    }
+
+    /// Removes `chan` from the map if it is still there and unused, and
+    /// only the map and the caller hold it: nobody got it from `channel()`
+    /// to publish or subscribe through it meanwhile. Lock order: the map,
+    /// then a channel (never the other way round).
+    fn remove_if_unused(&self, name: &str, chan: &Arc<Mutex<Channel>>) -> bool {
+        let mut map = self.channels.lock();
+        if !map.get(name).is_some_and(|c| Arc::ptr_eq(c, chan)) || Arc::strong_count(chan) != 2 {
+            return false;
+        }
+        let c = chan.lock();
+        if !(c.subscribers.is_empty() && c.history.is_empty()) {
+            return false;
+        }
+        drop(c);
+        map.remove(name);
+        true
     }
 
     /// A new source feeds the tenant: its positions are not comparable with
@@ -671,19 +750,27 @@ impl Hub {
 
     /// Drops channels that have neither subscribers nor live history and that
     /// nobody is about to use; their next use starts a new epoch.
+    /// Never holds the map while it trims: publishes and subscribes to other
+    /// channels go on between its steps.
     pub fn sweep(&self, limits: HistoryLimits, now_ms: u64) -> usize {
-        let mut map = self.channels.lock();
-        let before = map.len();
-        map.retain(|_, c| {
-            // Another holder got it from `channel()` and is about to lock it.
-            if Arc::strong_count(c) > 1 {
-                return true;
+        let all: Vec<(Arc<str>, Arc<Mutex<Channel>>)> = self
+            .channels
+            .lock()
+            .iter()
+            .map(|(n, c)| (n.clone(), c.clone()))
+            .collect();
+        let mut removed = 0;
+        for (name, chan) in all {
+            let unused = {
+                let mut c = chan.lock();
+                c.trim(limits, now_ms, &self.history_bytes);
+                c.subscribers.is_empty() && c.history.is_empty()
+            };
+            if unused && self.remove_if_unused(&name, &chan) {
+                removed += 1;
             }
-            let mut c = c.lock();
-            c.trim(limits, now_ms);
-            !(c.subscribers.is_empty() && c.history.is_empty())
-        });
-        before - map.len()
+        }
+        removed
     }
 }
 

@@ -145,6 +145,8 @@ impl World {
             history: HistoryLimits {
                 max_messages: 3,
                 max_age_ms: 250,
+                max_bytes: usize::MAX,
+                tenant_max_bytes: usize::MAX,
             },
             now: 0,
             inputs: Vec::new(),

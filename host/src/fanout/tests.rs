@@ -6,6 +6,8 @@ use crate::fanout::queue::{Item, SlowConsumer};
 const LIMITS: HistoryLimits = HistoryLimits {
     max_messages: 3,
     max_age_ms: 60_000,
+    max_bytes: usize::MAX,
+    tenant_max_bytes: usize::MAX,
 };
 
 fn out(ch: &str) -> Outgoing<'_> {
@@ -322,14 +324,21 @@ fn history_expires_by_age_and_sweep_drops_idle_channels() {
     let limits = HistoryLimits {
         max_messages: 10,
         max_age_ms: 100,
+        max_bytes: usize::MAX,
+        tenant_max_bytes: usize::MAX,
     };
     hub.publish(out("a"), limits, 0);
     let s = session();
     let r = hub.subscribe("a", &s, Some((0, None)), limits, 50, |_, _| {});
     assert_eq!(r.replayed, 1);
     assert_eq!(hub.sweep(limits, 500), 0, "a subscriber keeps the channel");
+    // The sweep expired its history: the last unsubscribe drops it at once.
     hub.unsubscribe("a", &s);
-    assert_eq!(hub.sweep(limits, 500), 1);
+    assert_eq!(hub.channel_count(), 0);
+    // A channel whose history expires without anyone there is swept.
+    hub.publish(out("b"), limits, 600);
+    assert_eq!(hub.sweep(limits, 650), 0);
+    assert_eq!(hub.sweep(limits, 800), 1);
     assert_eq!(hub.channel_count(), 0);
 }
 
@@ -341,6 +350,8 @@ fn sweep_spares_a_channel_in_use() {
     let limits = HistoryLimits {
         max_messages: 10,
         max_age_ms: 100,
+        max_bytes: usize::MAX,
+        tenant_max_bytes: usize::MAX,
     };
     // As `subscribe` does: take the channel, then lock it.
     let taken = hub.channel("a");
@@ -407,4 +418,79 @@ fn closed_sessions_leave_the_channel() {
     assert!(s.close_reason().is_some());
     let (_, r3) = hub.publish(out("a"), LIMITS, 0);
     assert_eq!(r3, PublishReport::default());
+}
+
+/// Issue 11: history is bounded by bytes per channel and per tenant; past
+/// the tenant's bound a message is sent live, not kept, and its channel's
+/// history is cleared, so a resume across it reports a gap.
+#[test]
+fn history_is_bounded_by_bytes() {
+    let hub = Hub::default();
+    // One message's frames (WebSocket and SSE) on channel "a".
+    hub.publish(out("a"), LIMITS, 0);
+    let one = hub.history_bytes();
+    assert!(one > 0);
+    let per_channel = HistoryLimits {
+        max_messages: 100,
+        max_bytes: one * 2,
+        ..LIMITS
+    };
+    for _ in 0..5 {
+        hub.publish(out("a"), per_channel, 0);
+    }
+    let s = session();
+    let r = hub.subscribe("a", &s, Some((0, None)), per_channel, 0, |_, _| {});
+    assert_eq!(r.replayed, 2, "two messages fit in the channel's bytes");
+    assert_eq!(r.gap, Some((1, 4)));
+    assert_eq!(hub.history_bytes(), one * 2);
+
+    // The tenant's histories: room for three messages in all.
+    let tenant = HistoryLimits {
+        max_messages: 100,
+        tenant_max_bytes: one * 3,
+        ..LIMITS
+    };
+    let live = session();
+    hub.subscribe("b", &live, None, tenant, 0, |_, _| {});
+    let (_, r) = hub.publish(out("b"), tenant, 0);
+    assert!(!r.not_kept);
+    let (seq, r) = hub.publish(out("b"), tenant, 0);
+    assert!(r.not_kept, "past the tenant's bytes");
+    assert_eq!(r.delivered, 1, "still sent live");
+    assert_eq!(hub.history_bytes(), one * 2, "b's history was cleared");
+    let (_, r) = hub.publish(out("b"), tenant, 0);
+    assert!(!r.not_kept);
+    let s = session();
+    let r = hub.subscribe("b", &s, Some((0, None)), tenant, 0, |_, _| {});
+    assert_eq!(r.gap, Some((1, seq)), "what was not kept is a gap");
+    assert_eq!(r.replayed, 1);
+}
+
+/// Issue 11: a client looping sub/unsub over fresh names leaves nothing
+/// behind, and a tenant's subscribers can bring only so many channels into
+/// being.
+#[test]
+fn fresh_names_leave_no_channels() {
+    let hub = Hub::default();
+    let s = session();
+    for i in 0..1000 {
+        let ch = format!("fresh-{i}");
+        assert!(hub.may_open(&ch, 10));
+        hub.subscribe(&ch, &s, None, LIMITS, 0, |_, _| {});
+        hub.unsubscribe(&ch, &s);
+    }
+    assert_eq!(hub.channel_count(), 0);
+    for i in 0..10 {
+        hub.subscribe(&format!("held-{i}"), &s, None, LIMITS, 0, |_, _| {});
+    }
+    assert!(!hub.may_open("one-more", 10));
+    assert!(
+        hub.may_open("held-3", 10),
+        "an existing channel is always open"
+    );
+    // A channel with history outlives its last subscriber (for resumes).
+    hub.publish(out("held-0"), LIMITS, 0);
+    hub.unsubscribe("held-0", &s);
+    hub.unsubscribe("held-1", &s);
+    assert_eq!(hub.channel_count(), 9);
 }

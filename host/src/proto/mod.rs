@@ -92,6 +92,8 @@ pub enum ErrorCode {
     PluginError,
     /// The connection sent more operations than its budget allows.
     RateLimited,
+    /// The tenant has as many channels as its subscribers may bring into being.
+    TooManyChannels,
 }
 
 impl ErrorCode {
@@ -105,6 +107,7 @@ impl ErrorCode {
             ErrorCode::NotSubscribed => "not_subscribed",
             ErrorCode::PluginError => "plugin_error",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::TooManyChannels => "too_many_channels",
         }
     }
 }

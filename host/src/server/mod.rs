@@ -331,13 +331,7 @@ fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused
             "server is shutting down; retry later",
         ));
     }
-    if app.over_memory() {
-        metrics::refused_global(Refusal::MemoryBudget.as_str());
-        return Err(busy(
-            Refusal::MemoryBudget.as_str(),
-            "server is over capacity; retry later",
-        ));
-    }
+
     let Some(t) = app.tenants.get(tenant_id) else {
         return Err(Refused::new(
             StatusCode::NOT_FOUND,
@@ -345,6 +339,13 @@ fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused
             &format!("no tenant {:?}", truncate(tenant_id)),
         ));
     };
+    if app.refuses_for_memory(&t) {
+        t.metrics.refused(Refusal::MemoryBudget.as_str());
+        return Err(busy(
+            Refusal::MemoryBudget.as_str(),
+            "server is over capacity; retry later",
+        ));
+    }
     if let Some(version) = t.plugin_unavailable() {
         t.metrics.refused("plugin_unavailable");
         return Err(Refused::new(
@@ -514,6 +515,15 @@ async fn open_sse(
                 StatusCode::BAD_REQUEST,
                 "too_many_subscriptions",
                 &format!("at most {max} channels per stream"),
+            ));
+        }
+        let max = t.settings().limits.max_channels;
+        if channels.iter().any(|ch| !t.hub.may_open(ch, max)) {
+            t.metrics.refused("too_many_channels");
+            return Err(Refused::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_channels",
+                &format!("the tenant has {max} channels, as many as its subscribers may open"),
             ));
         }
     }

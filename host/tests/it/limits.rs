@@ -150,3 +150,92 @@ async fn a_connection_flooding_operations_is_limited_then_closed() {
     assert_eq!(calm.next().await["op"], "pong");
     h.stop().await;
 }
+
+/// Issue 11: a client looping sub/unsub over fresh names leaves no channel
+/// behind, and the channels a tenant's subscribers may bring into being are
+/// bounded (WebSocket `err`, SSE 429).
+#[tokio::test]
+async fn channels_are_bounded_per_tenant() {
+    let h = spawn_host().await;
+    h.tenant(json!({"id":"chans","access":"public",
+                    "limits":{"max_channels":3,"client_ops_burst":1000}}))
+        .await;
+    let mut ws = h.ws("chans").await;
+    for i in 0..100u64 {
+        ws.sub(&format!("fresh-{i}"), i).await;
+        ws.send(json!({"op":"unsub","ch":format!("fresh-{i}"),"id":1000 + i}))
+            .await;
+        assert_eq!(ws.next().await["op"], "ack");
+    }
+    let (s, v) = h
+        .admin(reqwest::Method::GET, "/admin/v1/tenants/chans", None)
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(v["channels"], 0, "nothing left behind: {v}");
+    for (i, ch) in ["a", "b", "c"].iter().enumerate() {
+        ws.sub(ch, i as u64).await;
+    }
+    ws.send(json!({"op":"sub","ch":"d","id":9})).await;
+    let refused = ws.next().await;
+    assert_eq!(
+        (refused["op"].as_str(), refused["code"].as_str()),
+        (Some("err"), Some("too_many_channels")),
+        "{refused}"
+    );
+    let sse = h
+        .http
+        .get(h.url("/v1/t/chans/sse?ch=a&ch=e"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), 429);
+    let v: serde_json::Value = sse.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "too_many_channels");
+    // Channels that exist stay open to everyone.
+    let mut other = h.ws("chans").await;
+    other.sub("b", 1).await;
+    h.stop().await;
+}
+
+/// Issue 11: near the memory budget, only a tenant past its share is
+/// refused new connections; another tenant's clients still get in.
+#[tokio::test]
+async fn near_the_memory_budget_only_the_tenant_past_its_share_is_refused() {
+    let mut opts = HostOptions::new();
+    // Far below what this test process holds: always near the budget.
+    opts.config.memory_budget_bytes = Some(8 << 20);
+    let h = spawn_with(opts).await;
+    let hog_key = h
+        .tenant(json!({"id":"hog","access":"public","limits":{"memory_share_percent":25}}))
+        .await;
+    h.public_tenant("modest").await;
+    // 3 MiB of history: past 25 % of 8 MiB.
+    let pad = "x".repeat(60_000);
+    for i in 0..50 {
+        let (s, v) = h
+            .publish(
+                "hog",
+                &hog_key,
+                json!({"ch":format!("c{}", i % 5),"data":{"pad":pad}}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    // The memory watch looks once a second; until it has seen whose memory
+    // it is, everyone is refused.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let hog = h.ws_with("hog", "").await.err();
+        let modest = h.ws_with("modest", "").await.err();
+        if let (Some((503, v)), None) = (&hog, &modest) {
+            assert_eq!(v["error"]["code"], "memory_budget");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "hog {hog:?}, modest {modest:?}: a tenant within its share is not refused"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    h.stop().await;
+}

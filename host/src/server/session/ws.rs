@@ -30,6 +30,7 @@ const PING_FRAME: &[u8] = &[0x89, 0x00];
 /// What a session needs from its tenant, copied once at connect.
 struct SessionLimits {
     max_subscriptions: usize,
+    max_channels: usize,
     max_message_bytes: usize,
     ops_per_sec: f64,
     ops_burst: u32,
@@ -108,6 +109,7 @@ impl WsSession {
         let ops_burst = settings.limits.client_ops_burst;
         let limits = SessionLimits {
             max_subscriptions: settings.limits.max_subscriptions,
+            max_channels: settings.limits.max_channels,
             max_message_bytes: settings.limits.max_message_bytes,
             ops_per_sec: settings.limits.client_ops_per_sec,
             ops_burst: settings.limits.client_ops_burst,
@@ -492,6 +494,20 @@ impl WsReader {
                 }
                 if already {
                     self.subscribe(ch, since, epoch, id, tenant, handle);
+                    return None;
+                }
+                if !tenant.hub.may_open(&ch, limits.max_channels) {
+                    tenant
+                        .metrics
+                        .client_error(ErrorCode::TooManyChannels.as_str());
+                    let msg = format!(
+                        "the tenant has {} channels, as many as its subscribers may open",
+                        limits.max_channels
+                    );
+                    handle.deliver_ctrl(
+                        "err",
+                        &proto::encode_err(id, ErrorCode::TooManyChannels, &msg),
+                    );
                     return None;
                 }
                 match check_subscribe(tenant) {
