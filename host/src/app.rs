@@ -58,6 +58,7 @@ pub fn settings_from_record(rec: &TenantRecord, config: &Config) -> Result<Tenan
     let conflation: ConflationSettings =
         serde_json::from_value(rec.conflation.clone()).map_err(|e| format!("conflation: {e}"))?;
     conflation.validate()?;
+    let allowed_origins = crate::tenant::parse_origins(&rec.allowed_origins)?;
     Ok(TenantSettings {
         access,
         config: rec.config.clone(),
@@ -65,6 +66,7 @@ pub fn settings_from_record(rec: &TenantRecord, config: &Config) -> Result<Tenan
         limits,
         publish_key_sha256: digest,
         conflation,
+        allowed_origins,
     })
 }
 
@@ -218,6 +220,7 @@ impl App {
             active_plugin: None,
             conflation: serde_json::json!({}),
             source: serde_json::json!({"kind": "http"}),
+            allowed_origins: serde_json::Value::Null,
         };
         self.registry.create_tenant(&rec).await?;
         Ok(Some(key))

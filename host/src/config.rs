@@ -56,6 +56,14 @@ pub struct ServeArgs {
     /// Refuse new connections (503 / 1013) when the process RSS passes this many MiB.
     #[arg(long, env = "HERALD_MEMORY_BUDGET_MIB")]
     pub memory_budget_mib: Option<u64>,
+    /// Sockets that are not sessions yet (before their handshake) or plain
+    /// HTTP connections, at most; one past it is closed at once.
+    #[arg(long, env = "HERALD_MAX_PENDING_CONNECTIONS", default_value_t = 4096)]
+    pub max_pending_connections: usize,
+    /// Seconds a connection may take to send a request head, and may stay
+    /// idle between requests on a kept-alive HTTP connection.
+    #[arg(long, env = "HERALD_HEAD_TIMEOUT_SECS", default_value_t = 10)]
+    pub head_timeout_secs: u64,
     /// Seconds between heartbeats (WebSocket ping, SSE comment).
     #[arg(long, env = "HERALD_HEARTBEAT_SECS", default_value_t = 25)]
     pub heartbeat_secs: u64,
@@ -220,6 +228,9 @@ pub struct Config {
     /// `None`: derived from the open-files limit at start.
     pub max_connections: Option<usize>,
     pub memory_budget_bytes: Option<u64>,
+    pub max_pending_connections: usize,
+    /// A request head's deadline, and a kept-alive connection's idle one.
+    pub head_timeout: Duration,
     pub heartbeat: Duration,
     pub shutdown_grace: Duration,
     /// Drain on shutdown: not ready for `wait`, then sessions closed over `spread`.
@@ -303,6 +314,9 @@ impl ServeArgs {
                 "--socket-send-buffer must be 0 (kernel autotuning) or at least 4096".into(),
             );
         }
+        if self.max_pending_connections == 0 || !(1..=300).contains(&self.head_timeout_secs) {
+            return Err("--max-pending-connections must be at least 1 and --head-timeout-secs between 1 and 300".into());
+        }
         if self.heartbeat_secs == 0 {
             return Err("--heartbeat-secs must be at least 1".into());
         }
@@ -365,6 +379,8 @@ impl ServeArgs {
             demo_tenant: self.demo,
             max_connections: self.max_connections,
             memory_budget_bytes: self.memory_budget_mib.map(|m| m * 1024 * 1024),
+            max_pending_connections: self.max_pending_connections,
+            head_timeout: Duration::from_secs(self.head_timeout_secs),
             heartbeat: Duration::from_secs(self.heartbeat_secs),
             node_id: match &self.node_id {
                 Some(n) if !n.trim().is_empty() => n.trim().to_string(),

@@ -31,9 +31,14 @@ use std::time::Duration;
 use tenant::{key_digest, Capacity};
 use tokio::net::TcpListener;
 
-/// File descriptors kept back from the connection capacity for the registry,
+/// File descriptors kept back from the session capacity for the registry,
 /// logs, the listener and accepting-to-refuse over-capacity clients.
 const FD_RESERVE: u64 = 100;
+
+/// Of those, the ones no client socket may take (sessions and doors
+/// together stop here): the registry pool, Kafka's broker connections,
+/// the outbox and cluster listeners, log files, epoll.
+const FD_INTERNAL: u64 = 50;
 
 /// Raises RLIMIT_NOFILE's soft limit to its hard limit; returns the soft limit
 /// now in force. Call once at process start.
@@ -59,6 +64,12 @@ pub fn bind(addr: SocketAddr, backlog: u32, reuse_port: bool) -> std::io::Result
 fn fd_capacity() -> usize {
     let (soft, _) = rlimit::getrlimit(rlimit::Resource::NOFILE).unwrap_or((1024, 1024));
     soft.saturating_sub(FD_RESERVE).max(1) as usize
+}
+
+/// Client sockets of both kinds (sessions and doors) the open-files limit allows.
+fn fd_sockets() -> usize {
+    let (soft, _) = rlimit::getrlimit(rlimit::Resource::NOFILE).unwrap_or((1024, 1024));
+    soft.saturating_sub(FD_INTERNAL).max(2) as usize
 }
 
 async fn resolve_admin_token(config: &Config, registry: &Registry) -> anyhow::Result<[u8; 32]> {
@@ -140,10 +151,11 @@ pub async fn run(
         ),
         _ => None,
     };
+    let pending = config.max_pending_connections;
     let mut app = App::new(
         config,
         registry,
-        Capacity::new(max),
+        Capacity::with_doors(max, pending, fd_sockets()),
         admin,
         metrics_handle,
         plugins,

@@ -246,6 +246,107 @@ pub struct TenantSettings {
     pub limits: TenantLimits,
     pub publish_key_sha256: [u8; 32],
     pub conflation: ConflationSettings,
+    /// Browser origins (`scheme://host[:port]`, lowercase) its clients may
+    /// come from; `None`: any.
+    pub allowed_origins: Option<Vec<String>>,
+}
+
+/// What a tenant says of a request's `Origin`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OriginCheck {
+    /// The tenant allows any origin.
+    Any,
+    /// The request names an origin the tenant lists (echoed in CORS).
+    Allowed(String),
+    /// The tenant lists origins and the request sent none (not a browser
+    /// page: browsers always send one on WebSocket and cross-origin fetches).
+    Absent,
+    /// The request's origin is not one the tenant lists.
+    Refused,
+}
+
+impl TenantSettings {
+    pub fn check_origin(&self, origin: Option<&str>) -> OriginCheck {
+        let Some(list) = &self.allowed_origins else {
+            return OriginCheck::Any;
+        };
+        match origin {
+            None => OriginCheck::Absent,
+            Some(o) => {
+                let o = o.trim().to_ascii_lowercase();
+                if list.contains(&o) {
+                    OriginCheck::Allowed(o)
+                } else {
+                    OriginCheck::Refused
+                }
+            }
+        }
+    }
+}
+
+/// Response headers as (name, value).
+pub type Headers = Vec<(&'static str, String)>;
+
+/// The CORS headers of an SSE response (or preflight) for a request from
+/// `origin` to a tenant with `settings` (`None`: no such tenant, whose 404
+/// any page may read). `Err` with the headers of a refusal when the tenant
+/// does not allow the origin: no `Access-Control-Allow-Origin`, so the page
+/// cannot read it.
+pub fn cors_headers(
+    settings: Option<&TenantSettings>,
+    origin: Option<&str>,
+) -> Result<Headers, Headers> {
+    let any = || vec![("Access-Control-Allow-Origin", "*".to_string())];
+    let Some(s) = settings else {
+        return Ok(any());
+    };
+    let vary = ("Vary", "Origin".to_string());
+    match s.check_origin(origin) {
+        OriginCheck::Any => Ok(any()),
+        OriginCheck::Allowed(o) => Ok(vec![
+            ("Access-Control-Allow-Origin", o),
+            ("Access-Control-Allow-Credentials", "true".to_string()),
+            vary,
+        ]),
+        OriginCheck::Absent => Ok(vec![vary]),
+        OriginCheck::Refused => Err(vec![vary]),
+    }
+}
+
+/// Reads a tenant's `allowed_origins` (null, or an array of at most 100
+/// origins of the form `http(s)://host[:port]`, no path), lowercased.
+pub fn parse_origins(v: &serde_json::Value) -> Result<Option<Vec<String>>, String> {
+    let items = match v {
+        serde_json::Value::Null => return Ok(None),
+        serde_json::Value::Array(items) => items,
+        _ => return Err("allowed_origins: must be an array of origins, or null for any".into()),
+    };
+    if items.len() > 100 {
+        return Err("allowed_origins: at most 100 origins".into());
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let Some(s) = item.as_str() else {
+            return Err("allowed_origins: each must be a string".into());
+        };
+        let o = s.to_ascii_lowercase();
+        let host = o
+            .strip_prefix("https://")
+            .or_else(|| o.strip_prefix("http://"))
+            .ok_or_else(|| format!("allowed_origins: {s:?} must start with https:// or http://"))?;
+        let valid = !host.is_empty()
+            && host.len() <= 253
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'));
+        if !valid {
+            return Err(format!(
+                "allowed_origins: {s:?} must be scheme://host[:port], without a path"
+            ));
+        }
+        out.push(o);
+    }
+    Ok(Some(out))
 }
 
 /// A live tenant.
@@ -439,11 +540,32 @@ impl Tenants {
     }
 }
 
-/// Global connection accounting: the process-wide cap derived from the
-/// open-files limit (or set lower by the operator).
+/// Global connection accounting: the process-wide cap of sessions derived
+/// from the open-files limit (or set lower by the operator), and the
+/// sockets that are not sessions — before their handshake, or ordinary HTTP
+/// connections ("doors") — each counted from accept until it becomes a
+/// session or closes. Invariant: sessions + doors never pass `sockets_max`,
+/// so the descriptors the sources, the registry and the process need are
+/// never taken by clients.
 pub struct Capacity {
     max: usize,
     current: AtomicUsize,
+    doors: AtomicUsize,
+    doors_max: usize,
+    sockets_max: usize,
+    doors_gauge: metrics::Gauge,
+}
+
+/// A socket that is not (yet) a session; releasing is dropping.
+pub struct DoorSlot {
+    capacity: Arc<Capacity>,
+}
+
+impl Drop for DoorSlot {
+    fn drop(&mut self) {
+        self.capacity.doors.fetch_sub(1, Ordering::AcqRel);
+        self.capacity.doors_gauge.decrement(1.0);
+    }
 }
 
 /// Why a connection was refused before it became a session.
@@ -467,11 +589,44 @@ impl Refusal {
 }
 
 impl Capacity {
+    /// `max` sessions; doors unbounded but by the sockets (`max` + 50).
     pub fn new(max: usize) -> Arc<Capacity> {
+        Capacity::with_doors(max, usize::MAX, max.saturating_add(50))
+    }
+
+    /// `max` sessions, at most `doors_max` other sockets, and at most
+    /// `sockets_max` sockets of both kinds together.
+    pub fn with_doors(max: usize, doors_max: usize, sockets_max: usize) -> Arc<Capacity> {
         Arc::new(Capacity {
             max,
             current: AtomicUsize::new(0),
+            doors: AtomicUsize::new(0),
+            doors_max,
+            sockets_max,
+            doors_gauge: metrics::gauge!("herald_pending_connections"),
         })
+    }
+
+    /// Counts an accepted socket, or refuses it (the caller closes it at
+    /// once): too many sockets are not sessions yet (slowloris), or sessions
+    /// and these together would take descriptors the process needs.
+    pub fn enter(self: &Arc<Self>) -> Option<DoorSlot> {
+        let (doors_max, sockets_max) = (self.doors_max, self.sockets_max);
+        let sessions = self.current.load(Ordering::Acquire);
+        self.doors
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
+                (d < doors_max && sessions + d < sockets_max).then_some(d + 1)
+            })
+            .ok()?;
+        self.doors_gauge.increment(1.0);
+        Some(DoorSlot {
+            capacity: self.clone(),
+        })
+    }
+
+    /// Sockets counted as doors now.
+    pub fn doors(&self) -> usize {
+        self.doors.load(Ordering::Relaxed)
     }
 
     pub fn max(&self) -> usize {
@@ -536,6 +691,7 @@ pub(crate) mod tests {
             limits: defaults(),
             publish_key_sha256: key_digest("k"),
             conflation: ConflationSettings::default(),
+            allowed_origins: None,
         };
         Tenant::new(id, settings)
     }
@@ -570,6 +726,7 @@ pub(crate) mod tests {
                 limits,
                 publish_key_sha256: key_digest("k"),
                 conflation: ConflationSettings::default(),
+                allowed_origins: None,
             },
         );
         let cap = Capacity::new(2);

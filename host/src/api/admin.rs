@@ -67,6 +67,14 @@ struct CreateTenant {
     limits: Option<Value>,
     #[serde(default)]
     conflation: Option<Value>,
+    /// Browser origins its clients may come from; absent or null: any.
+    #[serde(default)]
+    allowed_origins: Option<Value>,
+}
+
+/// A field that may be set to `null` (`Some(Null)`), not only left out (`None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -82,6 +90,9 @@ struct PatchTenant {
     /// Replaces the conflation window (`{}` turns it off).
     #[serde(default)]
     conflation: Option<Value>,
+    /// Replaces the allowed origins; `null` allows any again.
+    #[serde(default, deserialize_with = "present")]
+    allowed_origins: Option<Value>,
 }
 
 fn view(rec: &TenantRecord, tenant: Option<&Tenant>) -> Value {
@@ -91,6 +102,7 @@ fn view(rec: &TenantRecord, tenant: Option<&Tenant>) -> Value {
         "config": rec.config,
         "limits": rec.limits,
         "conflation": rec.conflation,
+        "allowed_origins": rec.allowed_origins,
         "active_plugin": rec.active_plugin,
         "created_at_ms": rec.created_at_ms,
         "updated_at_ms": rec.updated_at_ms,
@@ -143,6 +155,7 @@ async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, Ap
         active_plugin: None,
         conflation,
         source: json!({"kind": "http"}),
+        allowed_origins: req.allowed_origins.unwrap_or(Value::Null),
     };
     settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
     app.registry.create_tenant(&rec).await?;
@@ -198,6 +211,9 @@ async fn update(
     }
     if let Some(c) = req.conflation {
         rec.conflation = c;
+    }
+    if let Some(o) = req.allowed_origins {
+        rec.allowed_origins = o;
     }
     if let Some(l) = req.limits {
         if !l.is_object() {

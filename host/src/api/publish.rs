@@ -40,7 +40,10 @@ pub(super) fn routes() -> Router<Arc<App>> {
     Router::new()
         .route("/v1/t/{tenant}/publish", post(publish))
         .route("/v1/t/{tenant}/ws", get(not_a_websocket_upgrade))
-        .route("/v1/t/{tenant}/sse", get(sse_with_body))
+        .route(
+            "/v1/t/{tenant}/sse",
+            get(sse_with_body).options(sse_preflight),
+        )
 }
 
 /// WebSocket upgrades become sessions in the front door (server/), on any
@@ -73,6 +76,37 @@ async fn not_a_websocket_upgrade(headers: HeaderMap) -> Response {
 }
 
 /// SSE GETs become streams in the front door; only one with a body gets here.
+/// A browser's CORS preflight for an SSE request that sends headers
+/// (`Authorization`, `Last-Event-ID`): allowed origins get the permissions,
+/// others a 403 they cannot read.
+async fn sse_preflight(
+    State(app): State<Arc<App>>,
+    Path(tenant_id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let settings = app.tenants.get(&tenant_id).map(|t| t.settings());
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    let (status, mut cors) = match crate::tenant::cors_headers(settings.as_deref(), origin) {
+        Ok(h) => (StatusCode::NO_CONTENT, h),
+        Err(h) => (StatusCode::FORBIDDEN, h),
+    };
+    if status == StatusCode::NO_CONTENT {
+        cors.push(("Access-Control-Allow-Methods", "GET".into()));
+        cors.push((
+            "Access-Control-Allow-Headers",
+            "authorization, last-event-id, cache-control".into(),
+        ));
+        cors.push(("Access-Control-Max-Age", "600".into()));
+    }
+    let mut resp = status.into_response();
+    for (name, value) in cors {
+        if let Ok(v) = header::HeaderValue::from_str(&value) {
+            resp.headers_mut().insert(name, v);
+        }
+    }
+    resp
+}
+
 async fn sse_with_body() -> ApiError {
     ApiError::BadRequest("an SSE request is a GET without a body".into())
 }

@@ -49,6 +49,8 @@ pub struct TenantRecord {
     /// The tenant's ingest source (`{"kind":"http"}` unless set; written only
     /// through [`Registry::set_source`]).
     pub source: serde_json::Value,
+    /// Browser origins its clients may come from (an array), or null: any.
+    pub allowed_origins: serde_json::Value,
 }
 
 /// A stored plugin version (without its bytes).
@@ -78,7 +80,7 @@ pub struct NodeRecord {
 }
 
 const TENANT_COLUMNS: &str =
-    "id, access, config, limits, publish_key_sha256, created_at, updated_at, active_plugin, conflation, source";
+    "id, access, config, limits, publish_key_sha256, created_at, updated_at, active_plugin, conflation, source, allowed_origins";
 
 #[derive(Clone)]
 pub struct Registry {
@@ -165,6 +167,7 @@ impl Registry {
             active_plugin: row.try_get("active_plugin")?,
             conflation: json("conflation")?,
             source: json("source")?,
+            allowed_origins: json("allowed_origins")?,
         })
     }
 
@@ -188,8 +191,8 @@ impl Registry {
 
     pub async fn create_tenant(&self, t: &TenantRecord) -> Result<(), RegistryError> {
         let r = sqlx::query(
-            "INSERT INTO tenants (id, access, config, limits, publish_key_sha256, created_at, updated_at, conflation) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            "INSERT INTO tenants (id, access, config, limits, publish_key_sha256, created_at, updated_at, conflation, allowed_origins) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )
         .bind(&t.id)
         .bind(&t.access)
@@ -199,6 +202,7 @@ impl Registry {
         .bind(t.created_at_ms)
         .bind(t.updated_at_ms)
         .bind(t.conflation.to_string())
+        .bind(t.allowed_origins.to_string())
         .execute(&self.pool)
         .await;
         match r {
@@ -213,7 +217,7 @@ impl Registry {
     pub async fn update_tenant(&self, t: &TenantRecord) -> Result<(), RegistryError> {
         let r = sqlx::query(
             "UPDATE tenants SET access = $1, config = $2, limits = $3, publish_key_sha256 = $4, updated_at = $5, \
-             conflation = $6 WHERE id = $7",
+             conflation = $6, allowed_origins = $7 WHERE id = $8",
         )
         .bind(&t.access)
         .bind(t.config.to_string())
@@ -221,6 +225,7 @@ impl Registry {
         .bind(&t.publish_key_sha256)
         .bind(t.updated_at_ms)
         .bind(t.conflation.to_string())
+        .bind(t.allowed_origins.to_string())
         .bind(&t.id)
         .execute(&self.pool)
         .await?;

@@ -16,6 +16,7 @@ fn record(id: &str) -> TenantRecord {
         active_plugin: None,
         conflation: serde_json::json!({}),
         source: serde_json::json!({"kind": "http"}),
+        allowed_origins: serde_json::json!(["https://app.example"]),
     }
 }
 

@@ -17,8 +17,9 @@
 
 use super::head::{self, RequestHead, Route};
 use super::prefixed::Prefixed;
-use super::{open_sse, open_ws, session, start_sse, start_ws, Admitted, Refused, HEAD_TIMEOUT};
+use super::{open_sse, open_ws, session, start_sse, start_ws, Admitted, Refused};
 use crate::app::App;
+use crate::tenant::DoorSlot;
 use axum::body::Body;
 use axum::http::{header, Request, Response, StatusCode};
 use bytes::Bytes;
@@ -58,6 +59,7 @@ pub(super) async fn serve(
     prefix: Bytes,
     peer: SocketAddr,
     router: axum::Router,
+    door: DoorSlot,
 ) {
     let handoff = Arc::new(Handoff {
         takeover: parking_lot::Mutex::new(None),
@@ -76,7 +78,9 @@ pub(super) async fn serve(
     };
     let mut conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEAD_TIMEOUT)
+        // hyper 1.12 runs this from the end of a response too: a kept-alive
+        // connection idle this long is closed, like one dribbling a head.
+        .header_read_timeout(app.config.head_timeout)
         .serve_connection(io, service);
     // Without shutdown: when a request became a session, the socket must
     // come back open.
@@ -99,6 +103,8 @@ pub(super) async fn serve(
     let parts = conn.into_parts();
     let (unread, mut stream) = parts.io.into_inner().into_parts();
     let takeover = handoff.takeover.lock().take();
+    // A session is counted as one from here; a closing socket no longer.
+    drop(door);
     match takeover {
         None => {
             let _ = tokio::time::timeout(Duration::from_secs(2), stream.shutdown()).await;

@@ -19,7 +19,7 @@ use crate::app::App;
 use crate::metrics;
 use crate::plugin;
 use crate::proto::{self, sse, ws};
-use crate::tenant::{Access, Refusal};
+use crate::tenant::{Access, DoorSlot, Refusal};
 use axum::http::StatusCode;
 use bytes::Bytes;
 use head::{RequestHead, Route};
@@ -30,9 +30,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-/// Time a client gets to send its request head.
-const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Accepts until the node stops accepting (drain or shutdown). Each
 /// connection runs on the app's task tracker.
@@ -47,10 +44,17 @@ pub async fn accept_loop(app: Arc<App>, listener: TcpListener, router: axum::Rou
         match accepted {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(5);
+                // Counted from here until it is a session or gone: sockets
+                // that never send a head cannot pile up past the bound.
+                let Some(door) = app.capacity.enter() else {
+                    metrics::refused_global("pending_connections");
+                    drop(stream);
+                    continue;
+                };
                 let app2 = app.clone();
                 let router = router.clone();
                 app.tracker
-                    .spawn(async move { front_door(app2, stream, peer, router).await });
+                    .spawn(async move { front_door(app2, stream, peer, router, door).await });
             }
             Err(e) => {
                 let kind = classify_accept_error(&e);
@@ -89,13 +93,20 @@ fn classify_accept_error(e: &io::Error) -> &'static str {
 }
 
 /// Reads the first request head and routes the connection.
-async fn front_door(app: Arc<App>, mut stream: TcpStream, peer: SocketAddr, router: axum::Router) {
+async fn front_door(
+    app: Arc<App>,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    router: axum::Router,
+    door: DoorSlot,
+) {
     let _ = stream.set_nodelay(true);
     if let Some(n) = app.config.socket_send_buffer {
         let _ = socket2::SockRef::from(&stream).set_send_buffer_size(n);
     }
     let mut buf = Vec::with_capacity(1024);
-    let head = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream, &mut buf)).await {
+    let head_timeout = app.config.head_timeout;
+    let head = match tokio::time::timeout(head_timeout, read_head(&mut stream, &mut buf)).await {
         Ok(Ok(Some(h))) => h,
         Ok(Ok(None)) | Err(_) => return,
         Ok(Err(HeadFailure::Io)) => return,
@@ -120,15 +131,19 @@ async fn front_door(app: Arc<App>, mut stream: TcpStream, peer: SocketAddr, rout
                 }
                 let early = buf[head.len..].to_vec();
                 drop(buf);
+                drop(door);
                 start_ws(app, stream, early, admitted);
             }
             Err(r) => r.write_to(&mut stream).await,
         },
         Route::Sse { tenant } => match open_sse(&app, &head, &tenant, peer).await {
-            Ok((req, admitted)) => start_sse(app, stream, req, admitted).await,
+            Ok((req, admitted)) => {
+                drop(door);
+                start_sse(app, stream, req, admitted).await
+            }
             Err(r) => r.write_to(&mut stream).await,
         },
-        Route::Http => http::serve(app, stream, Bytes::from(buf), peer, router).await,
+        Route::Http => http::serve(app, stream, Bytes::from(buf), peer, router, door).await,
     }
 }
 
@@ -461,6 +476,18 @@ async fn open_ws(
             "Connection header must include Upgrade",
         ));
     }
+    // Cross-site WebSocket hijacking: a page elsewhere must not ride on the
+    // cookies a browser sends along.
+    if let Some(t) = app.tenants.get(tenant) {
+        if t.settings().check_origin(head.header("origin")) == crate::tenant::OriginCheck::Refused {
+            t.metrics.refused("origin_not_allowed");
+            return Err(Refused::new(
+                StatusCode::FORBIDDEN,
+                "origin_not_allowed",
+                "the tenant does not allow connections from this page's origin",
+            ));
+        }
+    }
     let accept = ws::accept_key(key);
     let admitted = admit(app, tenant, "ws", head, peer).await?;
     Ok((accept, admitted))
@@ -476,7 +503,43 @@ fn start_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: Admitted
 
 /// Checks an SSE request (channels, resume position, subscription rights)
 /// and admits it.
+/// Admits an SSE stream; its response, and every refusal, carries the
+/// tenant's CORS headers, so an allowed page can read a 401 or 403 too.
 async fn open_sse(
+    app: &Arc<App>,
+    head: &RequestHead,
+    tenant_id: &str,
+    peer: SocketAddr,
+) -> Result<(session::SseRequest, Admitted), Refused> {
+    let settings = app.tenants.get(tenant_id).map(|t| t.settings());
+    let cors = match crate::tenant::cors_headers(settings.as_deref(), head.header("origin")) {
+        Ok(h) => h,
+        Err(h) => {
+            if let Some(t) = app.tenants.get(tenant_id) {
+                t.metrics.refused("origin_not_allowed");
+            }
+            let mut r = Refused::new(
+                StatusCode::FORBIDDEN,
+                "origin_not_allowed",
+                "the tenant does not allow streams to this page's origin",
+            );
+            r.extra.extend(h);
+            return Err(r);
+        }
+    };
+    match check_sse(app, head, tenant_id, peer).await {
+        Ok((mut req, admitted)) => {
+            req.cors = cors;
+            Ok((req, admitted))
+        }
+        Err(mut r) => {
+            r.extra.extend(cors);
+            Err(r)
+        }
+    }
+}
+
+async fn check_sse(
     app: &Arc<App>,
     head: &RequestHead,
     tenant_id: &str,
@@ -544,7 +607,14 @@ async fn open_sse(
             });
         }
     }
-    Ok((session::SseRequest { channels, resume }, admitted))
+    Ok((
+        session::SseRequest {
+            channels,
+            resume,
+            cors: Vec::new(),
+        },
+        admitted,
+    ))
 }
 
 /// Sends the SSE response head and runs the admitted stream.
@@ -554,8 +624,14 @@ async fn start_sse(
     req: session::SseRequest,
     admitted: Admitted,
 ) {
-    let head_out = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\
-                    X-Accel-Buffering: no\r\nAccess-Control-Allow-Origin: *\r\nConnection: close\r\n\r\n";
+    let mut head_out = String::from(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\
+         X-Accel-Buffering: no\r\nConnection: close\r\n",
+    );
+    for (name, value) in &req.cors {
+        head_out.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head_out.push_str("\r\n");
     if stream.write_all(head_out.as_bytes()).await.is_err() {
         return;
     }

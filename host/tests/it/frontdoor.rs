@@ -375,3 +375,101 @@ async fn ws_client_answering_pings_is_never_closed() {
     assert_eq!(ws.next().await["seq"], 1);
     h.stop().await;
 }
+
+/// Waits for the server to close `stream` (EOF or reset); how long it took.
+async fn closed_within(stream: &mut TcpStream, within: Duration) -> Option<Duration> {
+    let t = Instant::now();
+    let mut b = [0u8; 256];
+    tokio::time::timeout(within, async {
+        loop {
+            match stream.read(&mut b).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .ok()
+    .map(|_| t.elapsed())
+}
+
+/// Issue 11: sockets that never finish a request head (slowloris) are
+/// counted and bounded, one past the bound is closed at once, and each is
+/// closed at the head deadline however it dribbles; then the door is open.
+#[tokio::test]
+async fn slowloris_sockets_are_bounded_and_timed_out() {
+    let mut opts = HostOptions::new();
+    opts.config.max_pending_connections = 4;
+    opts.config.head_timeout = Duration::from_secs(1);
+    let h = spawn_with(opts).await;
+    h.public_tenant("loris").await;
+    // Let the admin client's kept-alive connection reach its deadline.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let mut dribblers = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(h.addr).await.unwrap();
+        s.write_all(b"GET /v1/t/loris/ws HTTP/1.1\r\nHo")
+            .await
+            .unwrap();
+        dribblers.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut fifth = TcpStream::connect(h.addr).await.unwrap();
+    let t = closed_within(&mut fifth, Duration::from_millis(900)).await;
+    assert!(t.is_some(), "a socket past the bound is closed at once");
+    for s in &mut dribblers {
+        assert!(
+            closed_within(s, Duration::from_millis(50)).await.is_none(),
+            "the four within the bound are still open"
+        );
+    }
+    // They keep dribbling a byte every 100 ms; the deadline still closes them.
+    let start = Instant::now();
+    let mut open = dribblers.len();
+    while open > 0 && start.elapsed() < Duration::from_secs(3) {
+        open = 0;
+        for s in &mut dribblers {
+            if s.write_all(b"s").await.is_ok() {
+                open += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for s in &mut dribblers {
+        assert!(
+            closed_within(s, Duration::from_secs(1)).await.is_some(),
+            "closed at the head deadline"
+        );
+    }
+    assert!(
+        start.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        start.elapsed()
+    );
+    // The bound freed: a client gets in.
+    let mut ws = h.ws("loris").await;
+    ws.sub("c", 1).await;
+    h.stop().await;
+}
+
+/// Issue 11: a kept-alive HTTP connection that stays idle after its
+/// response is closed at the deadline, like one that never sent a head.
+#[tokio::test]
+async fn an_idle_kept_alive_connection_is_closed() {
+    let mut opts = HostOptions::new();
+    opts.config.head_timeout = Duration::from_secs(1);
+    let h = spawn_with(opts).await;
+    let mut s = TcpStream::connect(h.addr).await.unwrap();
+    for _ in 0..2 {
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let r = read_response(&mut s).await;
+        assert_eq!(r.status, 200);
+    }
+    let idle = closed_within(&mut s, Duration::from_secs(3))
+        .await
+        .expect("closed while idle");
+    assert!(idle >= Duration::from_millis(800), "{idle:?}");
+    h.stop().await;
+}

@@ -7,6 +7,7 @@ mod helpers;
 mod kafka;
 mod lifecycle;
 mod limits;
+mod origins;
 mod outbox;
 mod plugins;
 mod plugins_hostile;

@@ -185,6 +185,7 @@ mod tests {
         let req = SseRequest {
             channels: vec!["a".into()],
             resume: None,
+            cors: Vec::new(),
         };
         let sse = std::mem::size_of_val(&run_sse(
             app.clone(),

@@ -40,6 +40,8 @@ pub struct SseRequest {
     pub channels: Vec<String>,
     /// Positions from `Last-Event-ID`, one per channel.
     pub resume: Option<Vec<(u64, u64)>>,
+    /// CORS headers of the response (the tenant's allowed origins).
+    pub cors: Vec<(&'static str, String)>,
 }
 
 /// Runs an SSE stream until it ends. The response head was already written.

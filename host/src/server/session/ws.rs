@@ -479,17 +479,11 @@ impl WsReader {
             } => {
                 let already = self.subs.iter().any(|c| **c == *ch);
                 if !already && self.subs.len() >= limits.max_subscriptions {
-                    tenant
-                        .metrics
-                        .client_error(ErrorCode::TooManySubscriptions.as_str());
                     let msg = format!(
                         "at most {} subscriptions per connection",
                         limits.max_subscriptions
                     );
-                    handle.deliver_ctrl(
-                        "err",
-                        &proto::encode_err(id, ErrorCode::TooManySubscriptions, &msg),
-                    );
+                    refuse(ErrorCode::TooManySubscriptions, &msg, id, tenant, handle);
                     return None;
                 }
                 if already {
@@ -497,17 +491,11 @@ impl WsReader {
                     return None;
                 }
                 if !tenant.hub.may_open(&ch, limits.max_channels) {
-                    tenant
-                        .metrics
-                        .client_error(ErrorCode::TooManyChannels.as_str());
                     let msg = format!(
                         "the tenant has {} channels, as many as its subscribers may open",
                         limits.max_channels
                     );
-                    handle.deliver_ctrl(
-                        "err",
-                        &proto::encode_err(id, ErrorCode::TooManyChannels, &msg),
-                    );
+                    refuse(ErrorCode::TooManyChannels, &msg, id, tenant, handle);
                     return None;
                 }
                 match check_subscribe(tenant) {
@@ -585,6 +573,12 @@ impl WsReader {
             self.subs.push(ch.into());
         }
     }
+}
+
+/// Answers a client operation with `err` `code`, counted by code.
+fn refuse(code: ErrorCode, msg: &str, id: Option<u64>, tenant: &Tenant, handle: &SessionHandle) {
+    tenant.metrics.client_error(code.as_str());
+    handle.deliver_ctrl("err", &proto::encode_err(id, code, msg));
 }
 
 fn refuse_sub(r: SubRefusal, id: Option<u64>, tenant: &Tenant, handle: &SessionHandle) {
