@@ -58,7 +58,7 @@ pub struct ServeArgs {
     pub memory_budget_mib: Option<u64>,
     /// Sockets that are not sessions yet (before their handshake) or plain
     /// HTTP connections, at most; one past it is closed at once.
-    #[arg(long, env = "HERALD_MAX_PENDING_CONNECTIONS", default_value_t = 4096)]
+    #[arg(long, env = "HERALD_MAX_PENDING_CONNECTIONS", default_value_t = 16_384)]
     pub max_pending_connections: usize,
     /// Seconds a connection may take to send a request head, and may stay
     /// idle between requests on a kept-alive HTTP connection.

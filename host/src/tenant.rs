@@ -554,6 +554,8 @@ pub struct Capacity {
     doors_max: usize,
     sockets_max: usize,
     doors_gauge: metrics::Gauge,
+    /// Rung when a door closes: the accept loop waits on it while full.
+    door_freed: tokio::sync::Notify,
 }
 
 /// A socket that is not (yet) a session; releasing is dropping.
@@ -565,6 +567,7 @@ impl Drop for DoorSlot {
     fn drop(&mut self) {
         self.capacity.doors.fetch_sub(1, Ordering::AcqRel);
         self.capacity.doors_gauge.decrement(1.0);
+        self.capacity.door_freed.notify_one();
     }
 }
 
@@ -604,12 +607,19 @@ impl Capacity {
             doors_max,
             sockets_max,
             doors_gauge: metrics::gauge!("herald_pending_connections"),
+            door_freed: tokio::sync::Notify::new(),
         })
     }
 
-    /// Counts an accepted socket, or refuses it (the caller closes it at
-    /// once): too many sockets are not sessions yet (slowloris), or sessions
-    /// and these together would take descriptors the process needs.
+    /// Resolves when a door may have freed (or after `poll`, for sessions
+    /// that closed, which do not ring).
+    pub async fn door_freed(&self, poll: std::time::Duration) {
+        let _ = tokio::time::timeout(poll, self.door_freed.notified()).await;
+    }
+
+    /// Counts a socket about to be accepted, or says to wait: too many
+    /// sockets are not sessions yet (slowloris), or sessions and these
+    /// together would take descriptors the process needs.
     pub fn enter(self: &Arc<Self>) -> Option<DoorSlot> {
         let (doors_max, sockets_max) = (self.doors_max, self.sockets_max);
         let sessions = self.current.load(Ordering::Acquire);

@@ -36,7 +36,26 @@ use tokio::net::{TcpListener, TcpStream};
 pub async fn accept_loop(app: Arc<App>, listener: TcpListener, router: axum::Router) {
     let mut backoff = Duration::from_millis(5);
     let mut last_warn: Option<tokio::time::Instant> = None;
+    let mut last_full: Option<tokio::time::Instant> = None;
     loop {
+        // Counted from here until it is a session or gone. While as many
+        // sockets as allowed are not sessions yet (slowloris, or a storm of
+        // handshakes), the next connections wait in the listen backlog, not
+        // refused: they are taken as the deadline closes the slow ones.
+        let door = loop {
+            if let Some(d) = app.capacity.enter() {
+                break Some(d);
+            }
+            if last_full.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
+                tracing::warn!(pending = app.capacity.doors(), "as many sockets as allowed are not sessions yet; new connections wait in the listen backlog");
+                last_full = Some(tokio::time::Instant::now());
+            }
+            tokio::select! {
+                _ = app.accepting.cancelled() => break None,
+                _ = app.capacity.door_freed(Duration::from_millis(50)) => {}
+            }
+        };
+        let Some(door) = door else { break };
         let accepted = tokio::select! {
             _ = app.accepting.cancelled() => break,
             r = listener.accept() => r,
@@ -44,13 +63,6 @@ pub async fn accept_loop(app: Arc<App>, listener: TcpListener, router: axum::Rou
         match accepted {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(5);
-                // Counted from here until it is a session or gone: sockets
-                // that never send a head cannot pile up past the bound.
-                let Some(door) = app.capacity.enter() else {
-                    metrics::refused_global("pending_connections");
-                    drop(stream);
-                    continue;
-                };
                 let app2 = app.clone();
                 let router = router.clone();
                 app.tracker
