@@ -233,6 +233,11 @@ pub struct Assembler {
 }
 
 impl Assembler {
+    /// True while a fragmented message has begun and not ended.
+    pub fn in_progress(&self) -> bool {
+        self.partial.is_some()
+    }
+
     /// Feeds one decoded frame; returns a message when one is complete.
     pub fn push(
         &mut self,

@@ -482,3 +482,57 @@ async fn an_idle_kept_alive_connection_is_closed() {
     assert!(idle >= Duration::from_millis(800), "{idle:?}");
     h.stop().await;
 }
+
+/// Issue 11: a client dribbling one frame holds its partial buffer only
+/// until the deadline, then is closed with 1008 (before: for as long as it
+/// kept dribbling).
+#[tokio::test]
+async fn a_dribbled_frame_is_cut_off_at_the_deadline() {
+    let mut opts = HostOptions::new();
+    opts.config.head_timeout = Duration::from_secs(1);
+    let h = spawn_with(opts).await;
+    h.public_tenant("dribble").await;
+    let mut s = TcpStream::connect(h.addr).await.unwrap();
+    s.write_all(ws_upgrade_request("dribble", "").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut s).await.status, 101);
+    // A masked text frame announcing 1,000 bytes, sent a byte at a time.
+    s.write_all(&[0x81, 0x80 | 126, 0x03, 0xE8, 1, 2, 3, 4])
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let (mut rd, mut wr) = s.into_split();
+    let dribble = tokio::spawn(async move {
+        for _ in 0..60 {
+            if wr.write_all(b"x").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), rd.read_to_end(&mut got)).await;
+    let took = start.elapsed();
+    dribble.abort();
+    // The server's frames: find its close and read the code.
+    let mut i = 0;
+    let mut code = None;
+    while i + 2 <= got.len() {
+        let (op, len) = (got[i] & 0x0F, (got[i + 1] & 0x7F) as usize);
+        let (start, len) = match len {
+            126 => (i + 4, u16::from_be_bytes([got[i + 2], got[i + 3]]) as usize),
+            n => (i + 2, n),
+        };
+        if op == 0x8 && len >= 2 {
+            code = Some(u16::from_be_bytes([got[start], got[start + 1]]));
+        }
+        i = start + len;
+    }
+    assert_eq!(code, Some(1008), "{got:?}");
+    assert!(
+        took < Duration::from_millis(2500),
+        "cut off at the deadline, not after {took:?}"
+    );
+    h.stop().await;
+}

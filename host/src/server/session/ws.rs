@@ -29,6 +29,8 @@ const PING_FRAME: &[u8] = &[0x89, 0x00];
 
 /// What a session needs from its tenant, copied once at connect.
 struct SessionLimits {
+    /// How long a frame (or a fragmented message) may take to complete.
+    frame_deadline: Duration,
     max_subscriptions: usize,
     max_channels: usize,
     max_message_bytes: usize,
@@ -40,6 +42,9 @@ struct SessionLimits {
 struct WsReader {
     /// Bytes of a frame that has not fully arrived; empty (no allocation) when idle.
     partial: Vec<u8>,
+    /// Since when a frame or message has been incomplete (a dribbling
+    /// client holds its buffer only until the deadline).
+    incomplete_since: Option<Instant>,
     assembler: Assembler,
     subs: Vec<Arc<str>>,
     /// Who the tenant's plugin said this connection is.
@@ -78,7 +83,7 @@ async fn settle(
 /// sent right after its handshake request.
 pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: Admitted) {
     let Admitted { slot, session } = admitted;
-    let mut s = WsSession::open(slot.tenant.clone(), session, early);
+    let mut s = WsSession::open(slot.tenant.clone(), session, early, app.config.head_timeout);
     let end = match s.read_early().await {
         Ok(()) => s.serve(&stream, app.config.heartbeat).await,
         Err(end) => end,
@@ -104,10 +109,16 @@ struct WsSession {
 impl WsSession {
     /// Makes the session's queue, registers it with its tenant and queues
     /// the source's status if it is stalled.
-    fn open(tenant: Arc<Tenant>, session: Option<Arc<Session>>, early: Vec<u8>) -> WsSession {
+    fn open(
+        tenant: Arc<Tenant>,
+        session: Option<Arc<Session>>,
+        early: Vec<u8>,
+        frame_deadline: Duration,
+    ) -> WsSession {
         let settings = tenant.settings();
         let ops_burst = settings.limits.client_ops_burst;
         let limits = SessionLimits {
+            frame_deadline,
             max_subscriptions: settings.limits.max_subscriptions,
             max_channels: settings.limits.max_channels,
             max_message_bytes: settings.limits.max_message_bytes,
@@ -138,6 +149,7 @@ impl WsSession {
             limits,
             reader: WsReader {
                 partial: early,
+                incomplete_since: None,
                 assembler: Assembler::default(),
                 subs: Vec::new(),
                 session,
@@ -237,6 +249,7 @@ impl WsSession {
             if got {
                 self.last_seen = Instant::now();
             }
+            self.reader.check_incomplete(self.limits.frame_deadline)?;
             self.settle(pending).await?;
         }
         Ok(())
@@ -244,7 +257,8 @@ impl WsSession {
 
     /// Pings, or ends a client silent for two heartbeats: one that answers
     /// pings sends a pong every heartbeat.
-    fn on_heartbeat(&self, heartbeat: Duration) -> Result<(), End> {
+    fn on_heartbeat(&mut self, heartbeat: Duration) -> Result<(), End> {
+        self.reader.check_incomplete(self.limits.frame_deadline)?;
         if self.last_seen.elapsed() >= heartbeat * 2 {
             return Err(End::Close(
                 close::HEARTBEAT_TIMEOUT,
@@ -297,6 +311,25 @@ impl WsSession {
 }
 
 impl WsReader {
+    /// Ends a session whose frame or fragmented message has been incomplete
+    /// for longer than `deadline` (its bytes are bounded by the frame size;
+    /// this bounds how long they are held).
+    fn check_incomplete(&mut self, deadline: Duration) -> Result<(), End> {
+        let incomplete = !self.partial.is_empty() || self.assembler.in_progress();
+        match (incomplete, self.incomplete_since) {
+            (false, _) => self.incomplete_since = None,
+            (true, None) => self.incomplete_since = Some(Instant::now()),
+            (true, Some(since)) if since.elapsed() > deadline => {
+                return Err(End::Close(
+                    close::POLICY,
+                    format!("a frame did not complete within {} s", deadline.as_secs()),
+                ))
+            }
+            (true, Some(_)) => {}
+        }
+        Ok(())
+    }
+
     /// Reads what the socket has (bounded), decoding and acting on frames.
     /// Returns whether any byte arrived, and a subscription that waits for
     /// the plugin (reading stops there until it is settled).
