@@ -4,7 +4,10 @@
 //! Owns: what channels and the session's own reader push, and the decision
 //! (through [`OutQueue`]) of what a full queue does. Invariants: a push never
 //! blocks on I/O; once a session is closed nothing more is queued; the writer
-//! is woken for every push that changed the queue. The socket half lives in
+//! is woken for every push that changed the queue, unless it is parked (a
+//! backlog waits for its full socket: it takes the queue once the socket
+//! drains, so a stalled reader costs a push under its policy and no
+//! wake-up); a close always wakes it. The socket half lives in
 //! `server::session`.
 
 use super::queue::{Item, OutQueue, PushOutcome, SlowConsumer, Wire};
@@ -56,6 +59,8 @@ pub enum Delivery {
 struct State {
     queue: OutQueue,
     closed: Option<QueueClose>,
+    /// The writer waits for its socket with a backlog (see [`SessionHandle::park`]).
+    parked: bool,
 }
 
 #[derive(Debug)]
@@ -116,9 +121,20 @@ impl SessionHandle {
                 Delivery::Disconnected
             }
         };
+        let wake = !st.parked || d == Delivery::Disconnected;
         drop(st);
-        self.wake.notify_one();
+        if wake {
+            self.wake.notify_one();
+        }
         d
+    }
+
+    /// The writer says it has a backlog waiting for a full socket (`true`)
+    /// or none (`false`). While parked, pushes do not wake it: it takes the
+    /// queue itself once its socket drains. Unpark before taking the queue,
+    /// so a push after the take wakes it.
+    pub fn park(&self, parked: bool) {
+        self.state.lock().parked = parked;
     }
 
     pub fn deliver_msg(&self, m: &Arc<Published>) -> Delivery {
@@ -199,5 +215,49 @@ impl SessionHandle {
     /// Resolves once something was queued since the last call.
     pub async fn woken(&self) {
         self.wake.notified().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn woke(h: &SessionHandle) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), h.woken())
+            .await
+            .is_ok()
+    }
+
+    /// Issue 11: a writer parked on a full socket is not woken per push (a
+    /// stalled reader costs a push under its policy, no wake-up), but is for
+    /// a close; unparked it is woken again.
+    #[tokio::test]
+    async fn a_parked_writer_is_woken_only_to_close() {
+        let h = SessionHandle::new(Wire::Ws, 64, SlowConsumer::DropOldest, None);
+        h.deliver_raw(Bytes::from_static(b"a"));
+        assert!(woke(&h).await);
+        h.park(true);
+        for seq in 1..=100 {
+            let m = Arc::new(Published::for_test("c", seq, None, 10));
+            assert_ne!(h.deliver_msg(&m), Delivery::Disconnected);
+        }
+        assert!(!woke(&h).await, "no wake-up per push while parked");
+        assert!(!h.take_queued().is_empty(), "the pushes were queued");
+        h.park(false);
+        h.deliver_raw(Bytes::from_static(b"b"));
+        assert!(woke(&h).await);
+        h.park(true);
+        h.close_with(QueueClose::TenantGone);
+        assert!(woke(&h).await, "a close always wakes");
+
+        // Overflow under `disconnect` wakes a parked writer too.
+        let d = SessionHandle::new(Wire::Ws, 16, SlowConsumer::Disconnect, None);
+        d.park(true);
+        let m = |seq| Arc::new(Published::for_test("c", seq, None, 10));
+        assert_eq!(d.deliver_msg(&m(1)), Delivery::Queued);
+        assert!(!woke(&d).await);
+        assert_eq!(d.deliver_msg(&m(2)), Delivery::Disconnected);
+        assert!(woke(&d).await);
     }
 }

@@ -96,6 +96,7 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
     let hb = tokio::time::sleep(heartbeat);
     tokio::pin!(hb);
     let mut end = None;
+    let mut parked = false;
     while end.is_none() {
         tokio::select! {
             biased;
@@ -122,6 +123,19 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
             _ = &mut hb => {
                 handle.deliver_raw(Bytes::from_static(sse::HEARTBEAT));
                 hb.as_mut().reset(tokio::time::Instant::now() + heartbeat);
+            }
+        }
+        // A backlog waits for the socket: parked, pushes need not wake the
+        // stream. Unparked, what was pushed meanwhile woke nobody: take it.
+        while end.is_none() && out.is_empty() == parked {
+            parked = !out.is_empty();
+            handle.park(parked);
+            if parked {
+                break;
+            }
+            end = load_and_flush(&stream, &handle, &mut out, &tenant, Some(&mut state)).err();
+            if out.is_empty() {
+                break;
             }
         }
     }

@@ -104,6 +104,8 @@ struct WsSession {
     registration: usize,
     /// When the client last sent a byte (a pong counts).
     last_seen: Instant,
+    /// Told the handle it is parked (a backlog waits for the socket).
+    parked: bool,
 }
 
 impl WsSession {
@@ -158,6 +160,7 @@ impl WsSession {
             out: Outbox::default(),
             registration,
             last_seen: Instant::now(),
+            parked: false,
         }
     }
 
@@ -206,9 +209,33 @@ impl WsSession {
             if let Err(end) = step {
                 return end;
             }
+            if let Err(end) = self.repark(stream) {
+                return end;
+            }
             if interest(&self.out) != want {
                 want = interest(&self.out);
                 ready.set(stream.ready(want));
+            }
+        }
+    }
+
+    /// A backlog waits for the socket: parked, pushes need not wake us (the
+    /// drained socket will). Unparked, what was pushed meanwhile woke
+    /// nobody, so it is taken now.
+    fn repark(&mut self, stream: &TcpStream) -> Result<(), End> {
+        loop {
+            let backlog = !self.out.is_empty();
+            if backlog == self.parked {
+                return Ok(());
+            }
+            self.parked = backlog;
+            self.handle.park(backlog);
+            if backlog {
+                return Ok(());
+            }
+            load_and_flush(stream, &self.handle, &mut self.out, &self.tenant, None)?;
+            if self.out.is_empty() {
+                return Ok(());
             }
         }
     }
