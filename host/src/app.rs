@@ -33,6 +33,8 @@ pub struct App {
     pub plugins: Arc<Runtime>,
     ready: AtomicBool,
     over_memory: AtomicBool,
+    /// Admission's view of memory between RSS readings (see `admit_memory`).
+    pub memory: MemoryGauge,
     /// Near the budget, at least one tenant holds more than its share: only
     /// such tenants are refused (otherwise the growth is nobody's in
     /// particular, and every tenant is).
@@ -111,6 +113,7 @@ impl App {
             plugins,
             ready: AtomicBool::new(false),
             over_memory: AtomicBool::new(false),
+            memory: MemoryGauge::default(),
             memory_blamed: AtomicBool::new(false),
             metrics,
             cluster: None,
@@ -155,7 +158,12 @@ impl App {
     /// the budget, if the tenant is past its share, or if no tenant is
     /// (the growth is not one tenant's burst).
     pub fn refuses_for_memory(&self, tenant: &crate::tenant::Tenant) -> bool {
-        self.over_memory() && (tenant.over_share() || !self.memory_blamed.load(Ordering::Relaxed))
+        let near = self.over_memory()
+            || self
+                .config
+                .memory_budget_bytes
+                .is_some_and(|b| self.memory.estimate() >= b / 100 * 95);
+        near && (tenant.over_share() || !self.memory_blamed.load(Ordering::Relaxed))
     }
 
     pub fn set_memory_blamed(&self, blamed: bool) {
@@ -234,4 +242,77 @@ pub enum LoadError {
     Registry(#[from] RegistryError),
     #[error(transparent)]
     Plugin(PluginError),
+}
+
+/// What admission knows of the process's memory between RSS readings: the
+/// last reading, plus what each session admitted since is expected to cost
+/// (learned from how RSS grew with the sessions between readings). A storm
+/// of connections between two readings is refused once the estimate
+/// reaches the budget, instead of overshooting it until the next reading.
+#[derive(Debug)]
+pub struct MemoryGauge {
+    rss: std::sync::atomic::AtomicU64,
+    admitted: std::sync::atomic::AtomicU64,
+    per_session: std::sync::atomic::AtomicU64,
+}
+
+/// What a session is assumed to cost before any growth was seen: an idle
+/// one is ~2 KiB, one that has just connected holds its handshake buffers
+/// and queue briefly.
+const SESSION_BYTES_GUESS: u64 = 16 << 10;
+
+impl Default for MemoryGauge {
+    fn default() -> Self {
+        MemoryGauge {
+            rss: Default::default(),
+            admitted: Default::default(),
+            per_session: std::sync::atomic::AtomicU64::new(SESSION_BYTES_GUESS),
+        }
+    }
+}
+
+impl MemoryGauge {
+    /// Counts a session admitted since the last reading.
+    pub fn admitted(&self) {
+        self.admitted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The last reading plus what was admitted since.
+    pub fn estimate(&self) -> u64 {
+        self.rss.load(Ordering::Relaxed)
+            + self.admitted.load(Ordering::Relaxed) * self.per_session.load(Ordering::Relaxed)
+    }
+
+    /// A new RSS reading: learns the cost per session from the growth since
+    /// the last one (between 4 KiB and 256 KiB, smoothed), and starts
+    /// counting admissions afresh.
+    pub fn reading(&self, rss: u64) {
+        let before = self.rss.swap(rss, Ordering::Relaxed);
+        let admitted = self.admitted.swap(0, Ordering::Relaxed);
+        if admitted >= 16 && before > 0 && rss > before {
+            let seen = ((rss - before) / admitted).clamp(4 << 10, 256 << 10);
+            let old = self.per_session.load(Ordering::Relaxed);
+            self.per_session.store((old + seen) / 2, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod memory_tests {
+    use super::MemoryGauge;
+
+    #[test]
+    fn admissions_between_readings_count() {
+        let g = MemoryGauge::default();
+        g.reading(10 << 20);
+        for _ in 0..100 {
+            g.admitted();
+        }
+        assert_eq!(g.estimate(), (10 << 20) + 100 * (16 << 10));
+        // RSS grew 400 KiB with those 100: 4 KiB each, averaged with the guess.
+        g.reading((10 << 20) + (400 << 10));
+        assert_eq!(g.estimate(), (10 << 20) + (400 << 10));
+        g.admitted();
+        assert_eq!(g.estimate(), (10 << 20) + (400 << 10) + (10 << 10));
+    }
 }

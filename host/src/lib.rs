@@ -273,8 +273,10 @@ async fn close_spread(app: &App, spread: Duration) {
     }
 }
 
+/// Reads RSS four times a second (a read of /proc/self/status costs
+/// microseconds); admission adds what it admitted since (`MemoryGauge`).
 async fn watch_memory(app: Arc<App>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         tokio::select! {
             _ = app.shutdown.cancelled() => return,
@@ -284,6 +286,7 @@ async fn watch_memory(app: Arc<App>) {
             continue;
         };
         metrics::set_rss(rss);
+        app.memory.reading(rss);
         if let Some(budget) = app.config.memory_budget_bytes {
             let over = rss >= budget / 100 * 95;
             // Whose memory it is, before saying the process is near the

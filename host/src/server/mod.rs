@@ -387,6 +387,7 @@ fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused
         t.metrics.refused(r.as_str());
         busy(r.as_str(), "server is over capacity; retry later")
     })?;
+    app.memory.admitted();
     if t.settings().access == Access::Public {
         return Ok(Admission::Done(Admitted {
             slot,

@@ -557,21 +557,60 @@ impl Node {
     /// data dir, and waits until it is ready.
     pub async fn start(dir: &std::path::Path, args: &[&str]) -> Node {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        Node::spawn(dir.to_path_buf(), args, None).await
+        Node::spawn(dir.to_path_buf(), args, None, None).await
+    }
+
+    /// Starts one whose open-files limit (soft and hard) is `nofile`.
+    pub async fn start_limited(dir: &std::path::Path, args: &[&str], nofile: u64) -> Node {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        Node::spawn(dir.to_path_buf(), args, None, Some(nofile)).await
+    }
+
+    /// The process id (for reading /proc).
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap()
+    }
+
+    /// The process's resident memory now, in bytes.
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().strip_suffix("kB"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap();
+        kib * 1024
     }
 
     /// Starts one on a given port (several with `--reuse-port` share it).
     pub async fn start_on(dir: &std::path::Path, args: &[&str], port: u16) -> Node {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        Node::spawn(dir.to_path_buf(), args, Some(port)).await
+        Node::spawn(dir.to_path_buf(), args, Some(port), None).await
     }
 
-    async fn spawn(dir: PathBuf, args: Vec<String>, port: Option<u16>) -> Node {
+    async fn spawn(
+        dir: PathBuf,
+        args: Vec<String>,
+        port: Option<u16>,
+        nofile: Option<u64>,
+    ) -> Node {
         let port = port.unwrap_or_else(|| {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         });
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"))
+        // prlimit sets the limit on itself and execs herald: one process.
+        let mut cmd = match nofile {
+            Some(n) => {
+                let mut c = tokio::process::Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}"))
+                    .arg("--")
+                    .arg(env!("CARGO_BIN_EXE_herald"));
+                c
+            }
+            None => tokio::process::Command::new(env!("CARGO_BIN_EXE_herald")),
+        };
+        let child = cmd
             .args([
                 "serve",
                 "--listen",
@@ -688,6 +727,6 @@ impl Node {
 
     /// Starts a node again where a killed one ran: same flags, data and port.
     pub async fn restart((dir, args, port): (PathBuf, Vec<String>, u16)) -> Node {
-        Node::spawn(dir, args, Some(port)).await
+        Node::spawn(dir, args, Some(port), None).await
     }
 }

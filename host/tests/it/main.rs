@@ -13,5 +13,6 @@ mod plugins;
 mod plugins_hostile;
 mod plugins_lanes;
 mod positions;
+mod protections;
 mod pubsub;
 mod slow;
