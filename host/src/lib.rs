@@ -9,6 +9,8 @@ pub mod app;
 pub mod cluster;
 pub mod config;
 pub mod fanout;
+#[cfg(test)]
+mod fuzz;
 pub mod ingest;
 pub mod metrics;
 pub mod plugin;

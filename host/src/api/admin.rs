@@ -130,34 +130,47 @@ fn check_limits(app: &App, limits: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
-    let req: CreateTenant = parse_json(&body)?;
+/// A create body as the tenant row it would store, checked as the live
+/// tenant will be (`settings_from_record`), with the publish key's digest.
+/// Pure: fuzzed in `crate::fuzz`.
+pub(crate) fn record_from_create(
+    config: &crate::config::Config,
+    body: &[u8],
+    publish_key_sha256: String,
+    now: i64,
+) -> Result<TenantRecord, ApiError> {
+    let req: CreateTenant = parse_json(body)?;
     if !proto::validate_tenant_id(&req.id) {
         return Err(ApiError::BadRequest(
             "id: must be 1-64 characters of a-z 0-9 _ -".into(),
         ));
     }
-    let config = req.config.unwrap_or_else(|| json!({}));
-    check_config(&config)?;
+    let config_v = req.config.unwrap_or_else(|| json!({}));
+    check_config(&config_v)?;
     let limits = req.limits.unwrap_or_else(|| json!({}));
-    check_limits(&app, &limits)?;
-    let conflation = req.conflation.unwrap_or_else(|| json!({}));
-    let key = new_secret("pk_");
-    let now = now_ms();
+    let o: LimitOverrides = serde_json::from_value(limits.clone())
+        .map_err(|e| ApiError::BadRequest(format!("limits: {e}")))?;
+    o.apply(&config.limits).map_err(ApiError::BadRequest)?;
     let rec = TenantRecord {
         id: req.id,
         access: req.access.as_str().into(),
-        config,
+        config: config_v,
         limits,
-        publish_key_sha256: hex(&key_digest(&key)),
+        publish_key_sha256,
         created_at_ms: now,
         updated_at_ms: now,
         active_plugin: None,
-        conflation,
+        conflation: req.conflation.unwrap_or_else(|| json!({})),
         source: json!({"kind": "http"}),
         allowed_origins: req.allowed_origins.unwrap_or(Value::Null),
     };
-    settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
+    settings_from_record(&rec, config).map_err(ApiError::BadRequest)?;
+    Ok(rec)
+}
+
+async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    let key = new_secret("pk_");
+    let rec = record_from_create(&app.config, &body, hex(&key_digest(&key)), now_ms())?;
     app.registry.create_tenant(&rec).await?;
     let (_, tenant) = reconcile::tenant(&app, &rec.id).await?;
     tracing::info!(tenant = %rec.id, access = %rec.access, "tenant created");

@@ -6,9 +6,9 @@
 //! never leak details to clients; a request is validated whole before
 //! anything is changed (a bad item in a publish batch publishes nothing).
 
-mod admin;
+pub(crate) mod admin;
 mod plugins;
-mod publish;
+pub(crate) mod publish;
 
 use crate::app::App;
 use axum::extract::{DefaultBodyLimit, Request, State};

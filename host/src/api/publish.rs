@@ -29,7 +29,7 @@ use std::time::Duration;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PublishItem {
+pub(crate) struct PublishItem {
     ch: String,
     data: Box<RawValue>,
     #[serde(default)]
@@ -111,6 +111,65 @@ async fn sse_with_body() -> ApiError {
     ApiError::BadRequest("an SSE request is a GET without a body".into())
 }
 
+/// Why a publish body was refused (the message names the item and field).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ItemsError {
+    #[error("{0}")]
+    Bad(String),
+    #[error("{0}")]
+    TooBig(String),
+}
+
+/// Parses and checks a publish body: one message object or a non-empty
+/// array of them, each with a valid channel, a payload within
+/// `max_message_bytes` and a key of 1-128 bytes. Returns the items and
+/// whether the body was a batch. Pure: fuzzed in `crate::fuzz`.
+pub(crate) fn read_items(
+    body: &[u8],
+    max_message_bytes: usize,
+) -> Result<(Vec<PublishItem>, bool), ItemsError> {
+    let bad = |e: ApiError| ItemsError::Bad(e.to_string());
+    let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
+    let (items, batch) = match first {
+        Some(b'[') => (
+            super::parse_json::<Vec<PublishItem>>(body).map_err(bad)?,
+            true,
+        ),
+        Some(b'{') => (
+            vec![super::parse_json::<PublishItem>(body).map_err(bad)?],
+            false,
+        ),
+        _ => {
+            return Err(ItemsError::Bad(
+                "body must be a JSON object or an array of objects".into(),
+            ))
+        }
+    };
+    if items.is_empty() {
+        return Err(ItemsError::Bad("batch is empty".into()));
+    }
+    for (i, item) in items.iter().enumerate() {
+        let at = if batch {
+            format!("[{i}].")
+        } else {
+            String::new()
+        };
+        proto::validate_channel(&item.ch).map_err(|e| ItemsError::Bad(format!("{at}ch: {e}")))?;
+        let size = item.data.get().len();
+        if size > max_message_bytes {
+            return Err(ItemsError::TooBig(format!(
+                "{at}data: {size} bytes exceeds the limit of {max_message_bytes} bytes"
+            )));
+        }
+        if let Some(k) = &item.key {
+            if k.is_empty() || k.len() > 128 {
+                return Err(ItemsError::Bad(format!("{at}key: must be 1-128 bytes")));
+            }
+        }
+    }
+    Ok((items, batch))
+}
+
 /// How long a publish body may take to arrive once its key was accepted.
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -161,44 +220,13 @@ async fn publish(
         tenant.metrics.publish_rejected("source_not_http");
         return Err(ApiError::SourceNotHttp(tenant.id.to_string(), source));
     }
-    let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
-    let (items, batch) = match first {
-        Some(b'[') => (super::parse_json::<Vec<PublishItem>>(&body)?, true),
-        Some(b'{') => (vec![super::parse_json::<PublishItem>(&body)?], false),
-        _ => {
-            return Err(ApiError::BadRequest(
-                "body must be a JSON object or an array of objects".into(),
-            ))
-        }
-    };
-    if items.is_empty() {
-        return Err(ApiError::BadRequest("batch is empty".into()));
-    }
-    let limits = tenant.settings().limits.clone();
-    for (i, item) in items.iter().enumerate() {
-        let at = if batch {
-            format!("[{i}].")
-        } else {
-            String::new()
-        };
-        proto::validate_channel(&item.ch)
-            .map_err(|e| ApiError::BadRequest(format!("{at}ch: {e}")))?;
-        let size = item.data.get().len();
-        if size > limits.max_message_bytes {
-            tenant.metrics.publish_rejected("too_big");
-            return Err(ApiError::BadRequest(format!(
-                "{at}data: {size} bytes exceeds the limit of {} bytes",
-                limits.max_message_bytes
-            )));
-        }
-        if let Some(k) = &item.key {
-            if k.is_empty() || k.len() > 128 {
-                return Err(ApiError::BadRequest(format!(
-                    "{at}key: must be 1-128 bytes"
-                )));
+    let (items, batch) = read_items(&body, tenant.settings().limits.max_message_bytes)
+        .inspect_err(|e| {
+            if matches!(e, ItemsError::TooBig(_)) {
+                tenant.metrics.publish_rejected("too_big");
             }
-        }
-    }
+        })
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     if let Err(wait) = tenant.take_publish_tokens(items.len() as u32) {
         tenant.metrics.publish_rejected("rate_limited");
         return Err(ApiError::RateLimited(wait));
