@@ -259,7 +259,10 @@ async fn publish(
     let outcomes = ingest::run_batch(&tenant, crate::plugin::active::Patience::Bounded, run)
         .await
         .map_err(|e| match e {
-            PluginError::Busy(_) => ApiError::PluginBusy,
+            PluginError::Busy(_) => {
+                tenant.metrics.publish_rejected("plugin_busy");
+                ApiError::PluginBusy
+            }
             e => ApiError::TransformFailed(e.kind(), e.to_string()),
         })?;
     let results: Vec<serde_json::Value> = outcomes

@@ -438,7 +438,11 @@ async fn authorize_connect(
             // The plugin failed: fail closed, and say it is the server's fault.
             t.metrics.refused("plugin_failed");
             t.metrics.plugin_failure("authorize_connect", e.kind());
-            tracing::warn!(tenant = %t.id, kind = e.kind(), error = %e, "authorize-connect failed; connection refused");
+            // A busy plugin is load, not a fault: the lane logs it (once a
+            // second at most), the metric counts each.
+            if !matches!(e, plugin::PluginError::Busy(_)) {
+                tracing::warn!(tenant = %t.id, kind = e.kind(), error = %e, "authorize-connect failed; connection refused");
+            }
             Err(busy(
                 &format!("plugin_{}", e.kind()),
                 "the tenant's plugin failed to authorize this connection",

@@ -129,7 +129,9 @@ async fn ask_plugin(
             tenant
                 .metrics
                 .plugin_failure("authorize_subscribe", e.kind());
-            tracing::warn!(tenant = %tenant.id, kind = e.kind(), error = %e, "authorize-subscribe failed; subscription refused");
+            if !matches!(e, crate::plugin::PluginError::Busy(_)) {
+                tracing::warn!(tenant = %tenant.id, kind = e.kind(), error = %e, "authorize-subscribe failed; subscription refused");
+            }
             Err(SubRefusal::Failed(e.kind()))
         }
     }
