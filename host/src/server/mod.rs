@@ -10,6 +10,8 @@
 //! and never left in the accept queue; accept errors back off and are
 //! counted, never spun on; no task outlives the shutdown deadline.
 
+mod accept;
+pub use accept::accept_loop;
 pub mod head;
 mod http;
 mod prefixed;
@@ -24,88 +26,15 @@ use axum::http::StatusCode;
 use bytes::Bytes;
 use head::{RequestHead, Route};
 use std::collections::HashSet;
-use std::io;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-/// Accepts until the node stops accepting (drain or shutdown). Each
-/// connection runs on the app's task tracker.
-pub async fn accept_loop(app: Arc<App>, listener: TcpListener, router: axum::Router) {
-    let mut backoff = Duration::from_millis(5);
-    let mut last_warn: Option<tokio::time::Instant> = None;
-    let mut last_full: Option<tokio::time::Instant> = None;
-    loop {
-        // Counted from here until it is a session or gone. While as many
-        // sockets as allowed are not sessions yet (slowloris, or a storm of
-        // handshakes), the next connections wait in the listen backlog, not
-        // refused: they are taken as the deadline closes the slow ones.
-        let door = loop {
-            if let Some(d) = app.capacity.enter() {
-                break Some(d);
-            }
-            if last_full.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
-                tracing::warn!(pending = app.capacity.doors(), "as many sockets as allowed are not sessions yet; new connections wait in the listen backlog");
-                last_full = Some(tokio::time::Instant::now());
-            }
-            tokio::select! {
-                _ = app.accepting.cancelled() => break None,
-                _ = app.capacity.door_freed(Duration::from_millis(50)) => {}
-            }
-        };
-        let Some(door) = door else { break };
-        let accepted = tokio::select! {
-            _ = app.accepting.cancelled() => break,
-            r = listener.accept() => r,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                backoff = Duration::from_millis(5);
-                let app2 = app.clone();
-                let router = router.clone();
-                app.tracker
-                    .spawn(async move { front_door(app2, stream, peer, router, door).await });
-            }
-            Err(e) => {
-                let kind = classify_accept_error(&e);
-                metrics::accept_error(kind);
-                if kind == "aborted" {
-                    continue;
-                }
-                if last_warn.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
-                    tracing::warn!(error = %e, kind, backoff_ms = backoff.as_millis() as u64, "accept failed; backing off");
-                    last_warn = Some(tokio::time::Instant::now());
-                }
-                tokio::select! {
-                    _ = app.accepting.cancelled() => break,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-            }
-        }
-    }
-}
-
-fn classify_accept_error(e: &io::Error) -> &'static str {
-    match e.raw_os_error() {
-        // EMFILE and ENFILE: out of file descriptors (process, system).
-        Some(24) => "emfile",
-        Some(23) => "enfile",
-        // ENOBUFS, ENOMEM.
-        Some(105) | Some(12) => "no_memory",
-        _ => match e.kind() {
-            io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-            | io::ErrorKind::Interrupted => "aborted",
-            _ => "other",
-        },
-    }
-}
+use tokio::net::TcpStream;
 
 /// Reads the first request head and routes the connection.
-async fn front_door(
+pub(super) async fn front_door(
     app: Arc<App>,
     mut stream: TcpStream,
     peer: SocketAddr,
