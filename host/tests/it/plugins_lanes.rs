@@ -52,34 +52,17 @@ fn percentiles(mut d: Vec<u64>) -> (u64, u64, u64) {
     (d[d.len() / 2], d[d.len() * 99 / 100], d[d.len() - 1])
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_plugin_does_not_stall_other_tenants() {
-    let dir = tempfile::tempdir().unwrap();
-    // A server of its own (its two runtime workers are the point), pinging
-    // every second.
-    let node = Node::start(dir.path(), &["--heartbeat-secs", "1"]).await;
-    let (s, v) = node
-        .admin(
-            Method::POST,
-            "/admin/v1/tenants",
-            json!({"id":"slow","access":"plugin","config":{"spin_ms":60},
-                   "limits":{"plugin_threads":1,"plugin_queue":8}}),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
-    let (s, v) = node
-        .upload_plugin("slow", plugin_wasm("fixture_slow"))
-        .await;
-    assert_eq!(s, 201, "{v}");
-    let version = v["version"].as_i64().unwrap();
-    let (s, v) = node
-        .admin(
-            Method::POST,
-            &format!("/admin/v1/tenants/slow/plugins/{version}/activate"),
-            Value::Null,
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
+/// A calm tenant's subscribers, 3 s without and 4 s with `connectors`
+/// clients connecting in a loop to tenant `target`.
+struct Attack {
+    /// (p50, p99, max) µs of the calm tenant's deliveries: without, under.
+    calm: [(u64, u64, u64); 2],
+    admitted: usize,
+    busy: usize,
+    other: usize,
+}
+
+async fn under_attack(node: &Node, target: &str, connectors: usize) -> Attack {
     let (s, v) = node
         .admin(
             Method::POST,
@@ -124,8 +107,8 @@ async fn a_slow_plugin_does_not_stall_other_tenants() {
     );
     let storm_end = storm_start + storm;
     let mut flood = Vec::new();
-    for _ in 0..32 {
-        let url = format!("ws://127.0.0.1:{}/v1/t/slow/ws", node.port);
+    for _ in 0..connectors {
+        let url = format!("ws://127.0.0.1:{}/v1/t/{target}/ws", node.port);
         let (admitted, busy, other) = (admitted.clone(), busy.clone(), other.clone());
         flood.push(tokio::spawn(async move {
             while Instant::now() < storm_end {
@@ -190,17 +173,86 @@ async fn a_slow_plugin_does_not_stall_other_tenants() {
     );
     eprintln!(
         "calm tenant without the attack: p50 {p50_calm} µs, p99 {p99_calm} µs, max {max_calm} µs, {} pings; \
-         under it: p50 {p50} µs, p99 {p99} µs, max {max} µs, {} pings; slow tenant: {admitted} admitted, {busy} plugin_busy, {other} other",
+         under it: p50 {p50} µs, p99 {p99} µs, max {max} µs, {} pings; {target}: {admitted} admitted, {busy} plugin_busy, {other} other",
         pings[0], pings[1]
     );
+    Attack {
+        calm: [(p50_calm, p99_calm, max_calm), (p50, p99, max)],
+        admitted,
+        busy,
+        other,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_plugin_does_not_stall_other_tenants() {
+    let dir = tempfile::tempdir().unwrap();
+    // A server of its own (its two runtime workers are the point), pinging
+    // every second.
+    let node = Node::start(dir.path(), &["--heartbeat-secs", "1"]).await;
+    let (s, v) = node
+        .admin(
+            Method::POST,
+            "/admin/v1/tenants",
+            json!({"id":"slow","access":"plugin","config":{"spin_ms":60},
+                   "limits":{"plugin_threads":1,"plugin_queue":8}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = node
+        .upload_plugin("slow", plugin_wasm("fixture_slow"))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let version = v["version"].as_i64().unwrap();
+    let (s, v) = node
+        .admin(
+            Method::POST,
+            &format!("/admin/v1/tenants/slow/plugins/{version}/activate"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let Attack {
+        calm: [_, (_, p99, _)],
+        admitted,
+        busy,
+        other,
+    } = under_attack(&node, "slow", 32).await;
     // 60 ms per connect on one plugin thread: about 16 a second get in, the
     // rest are told the plugin is busy, nothing else goes wrong.
     assert!(admitted >= 10, "{admitted}");
     assert!(busy > 0, "the queue bound refused some");
     assert_eq!(other, 0);
-    // Generous: the calm tenant's p99 stays far below one 60 ms plugin call
-    // (two workers pinned by such calls put it at hundreds of ms).
-    assert!(p99 < 40_000, "calm p99 {p99} µs");
+    // Generous (the suite runs beside it on two cores): the build that ran
+    // such calls on the workers published 6 messages in those 4 s.
+    assert!(p99 < 100_000, "calm p99 {p99} µs");
+    drop(node);
+}
+
+/// Issue 11: a connect flood on one tenant (no plugin: each connect is
+/// admitted at once and closed) beside a calm tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_flood_does_not_stall_other_tenants() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &["--heartbeat-secs", "1"]).await;
+    let (s, v) = node
+        .admin(
+            Method::POST,
+            "/admin/v1/tenants",
+            json!({"id":"flooded","access":"public"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let Attack {
+        calm: [_, (_, p99, _)],
+        admitted,
+        other,
+        ..
+    } = under_attack(&node, "flooded", 32).await;
+    assert!(admitted > 100, "{admitted}");
+    assert_eq!(other, 0);
+    // Generous: connects cost CPU the calm tenant shares on two cores.
+    assert!(p99 < 100_000, "calm p99 {p99} µs");
     drop(node);
 }
 
