@@ -20,7 +20,6 @@ use crate::plugin::PluginError;
 use crate::proto::PayloadKind;
 use crate::registry::now_ms;
 use crate::tenant::Tenant;
-use std::sync::atomic::Ordering;
 
 /// What happened to one message of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,17 +151,8 @@ fn record(tenant: &Tenant, t: &Tally) {
     m.dropped.increment(t.dropped);
     m.disconnected.increment(t.disconnected);
     m.history_not_kept.increment(t.not_kept);
-    if t.not_kept > 0 {
-        let now = now_ms() as u64;
-        let last = tenant.history_full_logged_ms.load(Ordering::Relaxed);
-        if now >= last + 60_000
-            && tenant
-                .history_full_logged_ms
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            tracing::warn!(tenant = %tenant.id, not_kept = t.not_kept, limit = tenant.settings().limits.history_total_bytes, "the tenant's histories are full: messages are sent live but not kept (a resume across them gets a gap; logged once a minute)");
-        }
+    if t.not_kept > 0 && tenant.history_full_logged.due(60_000) {
+        tracing::warn!(tenant = %tenant.id, not_kept = t.not_kept, limit = tenant.settings().limits.history_total_bytes, "the tenant's histories are full: messages are sent live but not kept (a resume across them gets a gap; logged once a minute)");
     }
     if t.rebased > 0 {
         tenant.source.lock().health.lock().rebased += t.rebased;

@@ -132,6 +132,27 @@ impl TenantMetrics {
     }
 }
 
+/// A log line at most once per interval (a protection refusing under load
+/// is counted per event and logged rarely).
+#[derive(Debug, Default)]
+pub struct LogEvery {
+    last_ms: std::sync::atomic::AtomicU64,
+}
+
+impl LogEvery {
+    /// True for the first caller once `every_ms` has passed since the last.
+    pub fn due(&self, every_ms: u64) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = crate::registry::now_ms() as u64;
+        let last = self.last_ms.load(Relaxed);
+        now >= last + every_ms
+            && self
+                .last_ms
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+    }
+}
+
 /// Process-wide events without a tenant.
 pub fn accept_error(kind: &'static str) {
     counter!("herald_accept_errors_total", "kind" => kind).increment(1);

@@ -379,8 +379,8 @@ pub struct Tenant {
     /// Near the process memory budget, this tenant holds more than its
     /// share (`watch_memory`): its new connections are refused.
     over_share: AtomicBool,
-    /// When "history full" was last logged (ms since the epoch).
-    pub history_full_logged_ms: std::sync::atomic::AtomicU64,
+    /// "Histories full" is logged once a minute.
+    pub history_full_logged: crate::metrics::LogEvery,
 }
 
 pub fn key_digest(key: &str) -> [u8; 32] {
@@ -413,7 +413,7 @@ impl Tenant {
             source: Mutex::new(crate::source::SourceSlot::default()),
             log_written: tokio::sync::Notify::new(),
             over_share: AtomicBool::new(false),
-            history_full_logged_ms: std::sync::atomic::AtomicU64::new(0),
+            history_full_logged: Default::default(),
         })
     }
 

@@ -106,8 +106,8 @@ pub struct ActivePlugin {
     waiting: AtomicUsize,
     /// INLINE, SLOW or BLOCKING.
     mode: AtomicU8,
-    /// When a refusal for being busy was last logged (ms since the epoch).
-    busy_logged_ms: std::sync::atomic::AtomicU64,
+    /// Refusals for being busy are logged once a second.
+    busy_logged: crate::metrics::LogEvery,
     fast_streak: AtomicU32,
 }
 
@@ -152,7 +152,7 @@ impl ActivePlugin {
             threads: Arc::new(Semaphore::new(a.limits.threads.max(1))),
             waiting: AtomicUsize::new(0),
             mode: AtomicU8::new(INLINE),
-            busy_logged_ms: std::sync::atomic::AtomicU64::new(0),
+            busy_logged: Default::default(),
             fast_streak: AtomicU32::new(0),
         };
         let info = active.call(|store, p| p.herald_plugin_guest().call_describe(store))?;
@@ -316,14 +316,7 @@ impl ActivePlugin {
                 let ahead = self.waiting.fetch_add(1, Ordering::AcqRel);
                 let _waiting = Waiting(&self.waiting);
                 if patience == Patience::Bounded && ahead >= self.limits.queue {
-                    let now = crate::registry::now_ms() as u64;
-                    let last = self.busy_logged_ms.load(Ordering::Relaxed);
-                    if now >= last + 1000
-                        && self
-                            .busy_logged_ms
-                            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                            .is_ok()
-                    {
+                    if self.busy_logged.due(1000) {
                         tracing::warn!(tenant = %self.tenant, version = self.version, threads = self.limits.threads, queue = self.limits.queue, "plugin threads and queue full: refusing calls with plugin_busy (logged once a second)");
                     }
                     return Err(PluginError::Busy(ahead));

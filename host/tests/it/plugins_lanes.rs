@@ -52,6 +52,25 @@ fn percentiles(mut d: Vec<u64>) -> (u64, u64, u64) {
     (d[d.len() / 2], d[d.len() * 99 / 100], d[d.len() - 1])
 }
 
+/// The calm tenant publishes 50 messages a second, stamped with the time
+/// and `phase`, until `end`; returns how many.
+async fn publish_until(node: &Node, key: &str, phase: u64, end: Instant) -> usize {
+    let mut sent = 0;
+    while Instant::now() < end {
+        let (s, v) = node
+            .publish(
+                "calm",
+                key,
+                json!({"ch":"c","data":{"us":now_us(),"phase":phase}}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sent
+}
+
 /// A calm tenant's subscribers, 3 s without and 4 s with `connectors`
 /// clients connecting in a loop to tenant `target`.
 struct Attack {
@@ -85,18 +104,7 @@ async fn under_attack(node: &Node, target: &str, connectors: usize) -> Attack {
         watchers.push(tokio::spawn(watch(ws, storm_start, until)));
     }
     let mut sent = [0usize; 2];
-    while Instant::now() < storm_start - Duration::from_millis(500) {
-        let (s, v) = node
-            .publish(
-                "calm",
-                &key,
-                json!({"ch":"c","data":{"us":now_us(),"phase":0}}),
-            )
-            .await;
-        assert_eq!(s, 200, "{v}");
-        sent[0] += 1;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    sent[0] = publish_until(node, &key, 0, storm_start - Duration::from_millis(500)).await;
     tokio::time::sleep_until(storm_start.into()).await;
 
     // The flood: 32 clients connecting to the slow tenant over and over.
@@ -129,18 +137,7 @@ async fn under_attack(node: &Node, target: &str, connectors: usize) -> Attack {
         }));
     }
 
-    while Instant::now() < storm_end {
-        let (s, v) = node
-            .publish(
-                "calm",
-                &key,
-                json!({"ch":"c","data":{"us":now_us(),"phase":1}}),
-            )
-            .await;
-        assert_eq!(s, 200, "{v}");
-        sent[1] += 1;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    sent[1] = publish_until(node, &key, 1, storm_end).await;
     for f in flood {
         f.await.unwrap();
     }
