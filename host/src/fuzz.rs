@@ -1,6 +1,6 @@
-//! Mutation fuzzing of every parser a remote party feeds, on the stable
-//! toolchain (cargo-fuzz needs a nightly one, which this machine cannot
-//! install): seeds of valid input, mutated by bit flips, interesting bytes,
+//! Mutation fuzzing of every parser a remote party feeds (the targets are
+//! `crate::fuzzing`), on the stable toolchain the test command has (the
+//! coverage-guided runs under cargo-fuzz need a nightly one: `fuzz/`): seeds of valid input, mutated by bit flips, interesting bytes,
 //! JSON tokens, insertions, deletions, duplications, splices and
 //! truncations, each run under `catch_unwind` with the parser's own
 //! invariants checked. A crash prints the input as hex; it then becomes a
@@ -11,9 +11,6 @@
 //! -- --nocapture --test-threads 1`. Each target prints its executions and
 //! executions per second.
 
-use crate::plugin::batch;
-use crate::proto::{self, sse, ws};
-use crate::server::head;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -174,19 +171,7 @@ fn websocket_frames_and_reassembly() {
         two,
     ];
     let seeds: Vec<&[u8]> = seeds.iter().map(Vec::as_slice).collect();
-    let n = fuzz("ws", &seeds, |input| {
-        let mut buf = input.to_vec();
-        let mut asm = ws::Assembler::default();
-        let mut used = 0;
-        while let Ok(Some(h)) = ws::decode_frame(&mut buf[used..], ws::Role::FromClient, 1024) {
-            assert!(h.payload_start <= h.frame_len() && used + h.frame_len() <= buf.len());
-            let payload = buf[used + h.payload_start..used + h.frame_len()].to_vec();
-            if asm.push(h, &payload, 1024).is_err() {
-                break;
-            }
-            used += h.frame_len();
-        }
-    });
+    let n = fuzz("ws", &seeds, crate::fuzzing::ws_frames);
     assert!(n > 0);
 }
 
@@ -197,26 +182,13 @@ fn request_heads_and_routes() {
         b"GET /v1/t/acme/sse?ch=a&ch=b%20c HTTP/1.1\r\nHost: a\r\nLast-Event-ID: 1:2;3:4\r\nOrigin: https://app.example\r\n\r\n",
         b"POST /v1/t/acme/publish HTTP/1.1\r\nHost: a\r\nContent-Length: 17\r\nAuthorization: Bearer k\r\n\r\n{\"ch\":\"a\",\"data\":1}",
     ];
-    fuzz("head", seeds, |input| {
-        if let Ok(Some(h)) = head::parse_head(input) {
-            assert!(h.len <= input.len());
-            let _ = head::route(&h);
-            let _ = h.query_pairs();
-            let _ = h.header("origin");
-        }
-    });
+    fuzz("head", seeds, crate::fuzzing::request_head);
 }
 
 #[test]
 fn last_event_ids() {
     let seeds: &[&[u8]] = &[b"12:34", b"1:2;3:4;5:6", b"99999999999:1", b""];
-    fuzz("last-event-id", seeds, |input| {
-        let s = String::from_utf8_lossy(input);
-        let channels = input.len() % 5;
-        if let Some(v) = sse::parse_last_event_id(&s, channels) {
-            assert_eq!(v.len(), channels);
-        }
-    });
+    fuzz("last-event-id", seeds, crate::fuzzing::last_event_id);
 }
 
 #[test]
@@ -226,11 +198,7 @@ fn client_operations() {
         b"{\"op\":\"unsub\",\"ch\":\"a\",\"id\":2}",
         b"{\"op\":\"ping\",\"id\":3}",
     ];
-    fuzz("client-op", seeds, |input| {
-        if let Ok(proto::ClientOp::Sub { ch, .. }) = proto::parse_client_op(input) {
-            assert!(proto::validate_channel(&ch).is_ok());
-        }
-    });
+    fuzz("client-op", seeds, crate::fuzzing::client_op);
 }
 
 #[test]
@@ -239,23 +207,16 @@ fn publish_bodies() {
         b"{\"ch\":\"a\",\"data\":{\"px\":1.5},\"key\":\"AAPL\"}",
         b"[{\"ch\":\"a\",\"data\":1},{\"ch\":\"b.c\",\"data\":\"x\",\"key\":\"k\"}]",
     ];
-    fuzz("publish", seeds, |input| {
-        if let Ok((items, batch)) = crate::api::publish::read_items(input, 4096) {
-            assert!(!items.is_empty() && (batch || items.len() == 1));
-        }
-    });
+    fuzz("publish", seeds, crate::fuzzing::publish_body);
 }
 
 #[test]
 fn admin_create_bodies() {
-    let config = crate::config::Config::for_data_dir("/nonexistent");
     let seeds: &[&[u8]] = &[
         b"{\"id\":\"acme\",\"access\":\"public\",\"config\":{\"a\":1},\"limits\":{\"queue_bytes\":100000,\"max_channels\":10,\"plugin_threads\":2},\"conflation\":{\"window_ms\":100,\"channels\":[\"ticks.*\"]},\"allowed_origins\":[\"https://app.example\"]}",
         b"{\"id\":\"b\"}",
     ];
-    fuzz("admin-create", seeds, |input| {
-        let _ = crate::api::admin::record_from_create(&config, input, "00".repeat(32), 0);
-    });
+    fuzz("admin-create", seeds, crate::fuzzing::admin_create);
 }
 
 #[test]
@@ -266,23 +227,7 @@ fn plugin_output_batches() {
         seed.extend_from_slice(&m.to_le_bytes());
     }
     seed.extend_from_slice(b"a{}bxka");
-    fuzz("plugin-output", &[&seed], |input| {
-        let (Some(&records), Some(&metas)) = (input.first(), input.get(1)) else {
-            return;
-        };
-        let rest = &input[2..];
-        let n = (metas as usize * 4).min(rest.len() / 4 * 4);
-        let meta: Vec<u32> = rest[..n]
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        let data = rest[n..].to_vec();
-        if let Ok(t) = batch::decode_outgoing(data, &meta, records as usize, 64) {
-            for o in t.outputs.iter() {
-                assert!((o.source as usize) < records as usize && o.payload.len() <= 64);
-            }
-        }
-    });
+    fuzz("plugin-output", &[&seed], crate::fuzzing::plugin_output);
 }
 
 /// The harness itself: a planted crash is found and reported, so a target

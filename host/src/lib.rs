@@ -11,6 +11,8 @@ pub mod config;
 pub mod fanout;
 #[cfg(test)]
 mod fuzz;
+#[cfg(any(test, fuzzing))]
+pub mod fuzzing;
 pub mod ingest;
 pub mod metrics;
 pub mod plugin;

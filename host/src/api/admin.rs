@@ -133,7 +133,7 @@ fn check_limits(app: &App, limits: &Value) -> Result<(), ApiError> {
 /// A create body as the tenant row it would store, checked as the live
 /// tenant will be (`settings_from_record`), with the publish key's digest.
 /// Pure: fuzzed in `crate::fuzz`.
-pub(crate) fn record_from_create(
+pub fn record_from_create(
     config: &crate::config::Config,
     body: &[u8],
     publish_key_sha256: String,

@@ -6,9 +6,9 @@
 //! never leak details to clients; a request is validated whole before
 //! anything is changed (a bad item in a publish batch publishes nothing).
 
-pub(crate) mod admin;
+pub mod admin;
 mod plugins;
-pub(crate) mod publish;
+pub mod publish;
 
 use crate::app::App;
 use axum::extract::{DefaultBodyLimit, Request, State};

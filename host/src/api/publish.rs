@@ -29,7 +29,7 @@ use std::time::Duration;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct PublishItem {
+pub struct PublishItem {
     ch: String,
     data: Box<RawValue>,
     #[serde(default)]
@@ -113,7 +113,7 @@ async fn sse_with_body() -> ApiError {
 
 /// Why a publish body was refused (the message names the item and field).
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ItemsError {
+pub enum ItemsError {
     #[error("{0}")]
     Bad(String),
     #[error("{0}")]
@@ -124,7 +124,7 @@ pub(crate) enum ItemsError {
 /// array of them, each with a valid channel, a payload within
 /// `max_message_bytes` and a key of 1-128 bytes. Returns the items and
 /// whether the body was a batch. Pure: fuzzed in `crate::fuzz`.
-pub(crate) fn read_items(
+pub fn read_items(
     body: &[u8],
     max_message_bytes: usize,
 ) -> Result<(Vec<PublishItem>, bool), ItemsError> {
