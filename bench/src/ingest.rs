@@ -299,15 +299,15 @@ fn find_u64(frame: &[u8], key: &str) -> Option<u64> {
 /// only frames a subscriber may miss.
 async fn slow_consumer_removals(t: &Target) -> anyhow::Result<u64> {
     let label = format!("tenant=\"{TENANT}\"");
-    // Under load this client has been seen to get a /metrics body cut short
-    // (cause not found yet): a body without all three of the tenant's
-    // slow-consumer lines is fetched again rather than read as zero.
+    // The whole body (`Response::text` keeps 500 characters for messages:
+    // the tenant's lines were found only when rendered early, which made
+    // this look like a body cut short). One without all three lines is
+    // fetched again rather than read as zero.
     for _ in 0..20 {
         let r = HttpConn::new(t.addr)
             .request("GET", "/metrics", None, b"")
             .await?;
-        let lines: Vec<f64> = r
-            .text()
+        let lines: Vec<f64> = String::from_utf8_lossy(&r.body)
             .lines()
             .filter(|l| l.starts_with("herald_slow_consumer_total{") && l.contains(&label))
             .filter_map(|l| {
@@ -335,7 +335,7 @@ async fn tenant_counters(t: &Target) -> String {
         return "(metrics unavailable)".into();
     };
     let label = format!("tenant=\"{TENANT}\"");
-    r.text()
+    String::from_utf8_lossy(&r.body)
         .lines()
         .filter(|l| l.starts_with("herald_") && l.contains(&label))
         .map(|l| format!("  {l}"))
