@@ -52,6 +52,16 @@ fn percentiles(mut d: Vec<u64>) -> (u64, u64, u64) {
     (d[d.len() / 2], d[d.len() * 99 / 100], d[d.len() - 1])
 }
 
+/// A server of its own (its two runtime workers are the point), pinging
+/// every second, with the tenant `body` creates.
+async fn node_with(body: Value) -> (tempfile::TempDir, Node) {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &["--heartbeat-secs", "1"]).await;
+    let (s, v) = node.admin(Method::POST, "/admin/v1/tenants", body).await;
+    assert_eq!(s, 201, "{v}");
+    (dir, node)
+}
+
 /// The calm tenant publishes 50 messages a second, stamped with the time
 /// and `phase`, until `end`; returns how many.
 async fn publish_until(node: &Node, key: &str, phase: u64, end: Instant) -> usize {
@@ -183,19 +193,11 @@ async fn under_attack(node: &Node, target: &str, connectors: usize) -> Attack {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_plugin_does_not_stall_other_tenants() {
-    let dir = tempfile::tempdir().unwrap();
-    // A server of its own (its two runtime workers are the point), pinging
-    // every second.
-    let node = Node::start(dir.path(), &["--heartbeat-secs", "1"]).await;
-    let (s, v) = node
-        .admin(
-            Method::POST,
-            "/admin/v1/tenants",
-            json!({"id":"slow","access":"plugin","config":{"spin_ms":60},
+    let (_dir, node) = node_with(
+        json!({"id":"slow","access":"plugin","config":{"spin_ms":60},
                    "limits":{"plugin_threads":1,"plugin_queue":8}}),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
+    )
+    .await;
     let (s, v) = node
         .upload_plugin("slow", plugin_wasm("fixture_slow"))
         .await;
@@ -230,16 +232,7 @@ async fn a_slow_plugin_does_not_stall_other_tenants() {
 /// admitted at once and closed) beside a calm tenant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connect_flood_does_not_stall_other_tenants() {
-    let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(dir.path(), &["--heartbeat-secs", "1"]).await;
-    let (s, v) = node
-        .admin(
-            Method::POST,
-            "/admin/v1/tenants",
-            json!({"id":"flooded","access":"public"}),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
+    let (_dir, node) = node_with(json!({"id":"flooded","access":"public"})).await;
     let Attack {
         calm: [_, (_, p99, _)],
         admitted,
