@@ -457,11 +457,12 @@ async fn open_sse(
     tenant_id: &str,
     peer: SocketAddr,
 ) -> Result<(session::SseRequest, Admitted), Refused> {
-    let settings = app.tenants.get(tenant_id).map(|t| t.settings());
+    let tenant = app.tenants.get(tenant_id);
+    let settings = tenant.as_ref().map(|t| t.settings());
     let cors = match crate::tenant::cors_headers(settings.as_deref(), head.header("origin")) {
         Ok(h) => h,
         Err(h) => {
-            if let Some(t) = app.tenants.get(tenant_id) {
+            if let Some(t) = &tenant {
                 t.metrics.refused("origin_not_allowed");
             }
             let mut r = Refused::new(

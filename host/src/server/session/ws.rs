@@ -469,14 +469,12 @@ impl WsReader {
                 {
                     OpVerdict::Allowed => {}
                     OpVerdict::Refused => {
-                        tenant.metrics.client_error(ErrorCode::RateLimited.as_str());
-                        handle.deliver_ctrl(
-                            "err",
-                            &proto::encode_err(
-                                None,
-                                ErrorCode::RateLimited,
-                                "too many operations on this connection; slow down",
-                            ),
+                        refuse(
+                            ErrorCode::RateLimited,
+                            "too many operations on this connection; slow down",
+                            None,
+                            tenant,
+                            handle,
                         );
                         continue;
                     }
@@ -493,14 +491,12 @@ impl WsReader {
                     handle.deliver_raw(ws::encode_frame(ws::OpCode::Pong, &p));
                 }
                 Some(Message::Binary(_)) => {
-                    tenant.metrics.client_error(ErrorCode::BadRequest.as_str());
-                    handle.deliver_ctrl(
-                        "err",
-                        &proto::encode_err(
-                            None,
-                            ErrorCode::BadRequest,
-                            "binary frames are not part of the protocol; send JSON text frames",
-                        ),
+                    refuse(
+                        ErrorCode::BadRequest,
+                        "binary frames are not part of the protocol; send JSON text frames",
+                        None,
+                        tenant,
+                        handle,
                     );
                 }
                 Some(Message::Text(t)) => {
@@ -580,14 +576,8 @@ impl WsReader {
                     handle.deliver_ctrl("ack", &proto::encode_ack(id, None));
                 }
                 None => {
-                    tenant
-                        .metrics
-                        .client_error(ErrorCode::NotSubscribed.as_str());
                     let msg = format!("not subscribed to {ch:?}");
-                    handle.deliver_ctrl(
-                        "err",
-                        &proto::encode_err(id, ErrorCode::NotSubscribed, &msg),
-                    );
+                    refuse(ErrorCode::NotSubscribed, &msg, id, tenant, handle);
                 }
             },
         }
@@ -644,9 +634,13 @@ fn refuse(code: ErrorCode, msg: &str, id: Option<u64>, tenant: &Tenant, handle: 
 fn refuse_sub(r: SubRefusal, id: Option<u64>, tenant: &Tenant, handle: &SessionHandle) {
     match r {
         SubRefusal::Denied(code, msg) => {
-            tenant.metrics.client_error(ErrorCode::Forbidden.as_str());
-            let msg = format!("{code}: {msg}");
-            handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::Forbidden, &msg));
+            refuse(
+                ErrorCode::Forbidden,
+                &format!("{code}: {msg}"),
+                id,
+                tenant,
+                handle,
+            );
         }
         SubRefusal::Failed(kind) => {
             let msg = format!("the tenant's plugin failed ({kind}); try again later");
