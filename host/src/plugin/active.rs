@@ -43,8 +43,9 @@ const FAST_STREAK: u32 = 256;
 const INLINE: u8 = 0;
 /// Off the workers: a call overran the inline budget (may come back).
 const SLOW: u8 = 1;
-/// Off the workers for good: the guest did blocking WASI I/O (a print, its
-/// own panic message), which panics on a runtime thread.
+/// Off the workers for good: a call panicked the host (a WASI call that
+/// enters a runtime, which `plugin::wasi` exists to prevent; kept as the
+/// safety net).
 const BLOCKING: u8 = 2;
 
 thread_local! {
@@ -188,7 +189,7 @@ impl ActivePlugin {
                 _live: live,
             }),
             Err(e) => Err(match classify(e, store.data(), self.limits) {
-                PluginError::Trap(m) => PluginError::Instantiate(m),
+                PluginError::Trap(m, out) => PluginError::Instantiate(format!("{m}{out}")),
                 other => other,
             }),
         }
@@ -215,6 +216,7 @@ impl ActivePlugin {
         inst.store.set_epoch_deadline(ticks);
         let state = inst.store.data_mut();
         state.log_budget = LOGS_PER_CALL;
+        state.output.clear();
         // What the limiter saw belongs to the call that saw it: a guest
         // that survived a refused growth must not make a later trap look
         // like a memory failure.
@@ -233,7 +235,7 @@ impl ActivePlugin {
                 Ok(v)
             }
             Err(e) => Err(match classify(e, inst.store.data(), self.limits) {
-                PluginError::Timeout(_) if inline => PluginError::OverBudget,
+                PluginError::Timeout(..) if inline => PluginError::OverBudget,
                 other => other,
             }),
         }
@@ -280,9 +282,9 @@ impl ActivePlugin {
     /// dropped; hooks are pure, and a batch cut here published nothing) and
     /// runs again on the tenant's plugin threads with its whole deadline;
     /// the version's later calls go there directly until they have been
-    /// fast again for a while. A guest that does blocking WASI I/O (WASI's
-    /// synchronous streams block on a runtime of their own, which panics on
-    /// a runtime thread) runs off the workers for good. So no plugin holds a
+    /// fast again for a while. A call that panics the host (none should:
+    /// `plugin::wasi` keeps every WASI call off the runtime) is caught and
+    /// its version runs off the workers for good. So no plugin holds a
     /// worker for longer than the budget, whatever its deadline.
     pub async fn run<R: Send + 'static>(
         self: &Arc<Self>,
@@ -296,7 +298,7 @@ impl ActivePlugin {
             match r {
                 Ok(Err(PluginError::OverBudget)) => self.demote(SLOW, "ran past the inline budget"),
                 Ok(r) => return r,
-                Err(_) => self.demote(BLOCKING, "used blocking WASI I/O"),
+                Err(_) => self.demote(BLOCKING, "a call panicked the host"),
             }
         }
         self.offload(patience, f).await
@@ -337,7 +339,12 @@ impl ActivePlugin {
             r
         })
         .await
-        .unwrap_or_else(|e| Err(PluginError::Trap(format!("plugin thread failed: {e}"))))
+        .unwrap_or_else(|e| {
+            Err(PluginError::Trap(
+                format!("plugin thread failed: {e}"),
+                Default::default(),
+            ))
+        })
     }
 
     /// A version moved off the workers for being slow comes back once its

@@ -11,6 +11,7 @@
 
 pub mod active;
 pub mod batch;
+pub mod wasi;
 
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
@@ -22,7 +23,7 @@ use wasmtime::{Engine, ResourceLimiter, Store};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 wasmtime::component::bindgen!({
-    path: "../sdk/wit",
+    path: "../sdk/wit-0.1.0",
     world: "plugin",
 });
 
@@ -39,12 +40,14 @@ pub enum PluginError {
     Compile(String),
     #[error("component does not instantiate: {0}")]
     Instantiate(String),
-    #[error("plugin trapped: {0}")]
-    Trap(String),
-    #[error("plugin call exceeded its {0} ms deadline")]
-    Timeout(u64),
-    #[error("plugin exceeded its memory cap of {0} bytes")]
-    MemoryExceeded(usize),
+    /// What trapped (an uncaught exception or panic ends in one), and what
+    /// the guest wrote first (its traceback or panic message).
+    #[error("plugin trapped: {0}{1}")]
+    Trap(String, GuestOutput),
+    #[error("plugin call exceeded its {0} ms deadline{1}")]
+    Timeout(u64, GuestOutput),
+    #[error("plugin exceeded its memory cap of {0} bytes{1}")]
+    MemoryExceeded(usize, GuestOutput),
     #[error("{0}")]
     BadOutput(String),
     /// The tenant's active version (per the registry) is not loaded on this
@@ -68,14 +71,28 @@ impl PluginError {
         match self {
             PluginError::Compile(_) => "compile",
             PluginError::Instantiate(_) => "instantiate",
-            PluginError::Trap(_) => "trap",
-            PluginError::Timeout(_) => "timeout",
-            PluginError::MemoryExceeded(_) => "memory",
+            PluginError::Trap(..) => "trap",
+            PluginError::Timeout(..) => "timeout",
+            PluginError::MemoryExceeded(..) => "memory",
             PluginError::BadOutput(_) => "bad_output",
             PluginError::Unavailable(_) => "unavailable",
             PluginError::Busy(_) => "busy",
             PluginError::OverBudget => "over_budget",
         }
+    }
+}
+
+/// The last lines a guest wrote to stdout and stderr during a failed call
+/// (at most [`wasi::OUTPUT_KEEP`] bytes), shown after the error.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GuestOutput(pub String);
+
+impl std::fmt::Display for GuestOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            return Ok(());
+        }
+        write!(f, "; the plugin wrote:\n{}", self.0)
     }
 }
 
@@ -150,6 +167,8 @@ pub struct StoreState {
     config: Arc<str>,
     /// Log lines the plugin may still write during the current call.
     log_budget: u32,
+    /// What the guest wrote to stdout and stderr during the current call.
+    output: wasi::Capture,
 }
 
 impl WasiView for StoreState {
@@ -225,6 +244,7 @@ impl Runtime {
         let engine = Engine::new(&cfg)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        wasi::add_sync_io(&mut linker, |s: &mut StoreState| wasi::SyncIo(&mut s.table))?;
         Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         // The epoch clock: a thread that stops once the engine is gone.
         let weak = engine.weak();
@@ -271,17 +291,26 @@ impl Runtime {
         config: &Arc<str>,
         limits: SandboxLimits,
     ) -> Store<StoreState> {
-        let mut wasi = WasiCtx::builder();
-        wasi.allow_ip_name_lookup(false)
+        let output = wasi::Capture::default();
+        let mut ctx = WasiCtx::builder();
+        ctx.allow_ip_name_lookup(false)
             .allow_tcp(false)
-            .allow_udp(false);
+            .allow_udp(false)
+            .stdout(output.clone())
+            .stderr(output.clone())
+            .wall_clock(wasi::Frozen)
+            .monotonic_clock(wasi::Frozen)
+            .secure_random(wasi::Fixed::new())
+            .insecure_random(wasi::Fixed::new())
+            .insecure_random_seed(0x6865_7261_6c64);
         let state = StoreState {
-            wasi: wasi.build(),
+            wasi: ctx.build(),
             table: ResourceTable::new(),
             limiter: Limiter::new(limits.memory_bytes),
             tenant: tenant.clone(),
             config: config.clone(),
             log_budget: LOGS_PER_CALL,
+            output,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -305,21 +334,42 @@ fn deadline_ticks(limits: SandboxLimits) -> u64 {
 /// Turns a wasmtime error into the named failure, looking at what the
 /// sandbox recorded.
 fn classify(e: wasmtime::Error, state: &StoreState, limits: SandboxLimits) -> PluginError {
+    let output = GuestOutput(state.output.text());
     if state.limiter.hit {
-        return PluginError::MemoryExceeded(limits.memory_bytes);
+        return PluginError::MemoryExceeded(limits.memory_bytes, output);
     }
     if let Some(wasmtime::Trap::Interrupt) = e.downcast_ref::<wasmtime::Trap>() {
-        return PluginError::Timeout(limits.deadline.as_millis() as u64);
+        return PluginError::Timeout(limits.deadline.as_millis() as u64, output);
     }
-    PluginError::Trap(
-        format!("{e:#}")
-            .lines()
-            .next()
-            .unwrap_or("trap")
-            .chars()
-            .take(300)
-            .collect(),
-    )
+    PluginError::Trap(trap_message(&e), output)
+}
+
+/// What trapped, and where: "wasm trap: wasm `unreachable` instruction
+/// executed (in `rust_panic`)", not the first line of the backtrace.
+fn trap_message(e: &wasmtime::Error) -> String {
+    let what = match e.downcast_ref::<wasmtime::Trap>() {
+        Some(t) => t.to_string(),
+        None => e.root_cause().to_string(),
+    };
+    let mut m: String = what
+        .lines()
+        .next()
+        .unwrap_or("trap")
+        .chars()
+        .take(300)
+        .collect();
+    let frame = e.downcast_ref::<wasmtime::WasmBacktrace>().and_then(|bt| {
+        bt.frames()
+            .iter()
+            .find_map(|f| f.func_name().map(str::to_string))
+    });
+    if let Some(f) = frame {
+        m.push_str(&format!(
+            " (in `{}`)",
+            f.chars().take(120).collect::<String>()
+        ));
+    }
+    m
 }
 
 #[cfg(test)]

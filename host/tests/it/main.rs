@@ -12,6 +12,7 @@ mod outbox;
 mod plugins;
 mod plugins_hostile;
 mod plugins_lanes;
+mod plugins_output;
 mod positions;
 mod protections;
 mod pubsub;
