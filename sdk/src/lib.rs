@@ -33,7 +33,9 @@ pub mod bindings {
 
 use bindings::exports::herald::plugin::guest::Guest;
 pub use bindings::herald::plugin::types::{ConnectRequest, Denial, Level, Session};
-use bindings::herald::plugin::types::{Hooks, Info, OutgoingBatch, RecordBatch};
+use bindings::herald::plugin::types::{
+    Hooks, Info, Outgoing, OutgoingBatch, RecordBatch, SourceRecord,
+};
 use std::marker::PhantomData;
 
 /// A hook a plugin implements; [`plugin!`] lists the ones its block writes,
@@ -243,7 +245,12 @@ impl<P: Plugin> Guest for Adapter<P> {
         P::authorize_subscribe(session, channel)
     }
 
-    fn transform(batch: RecordBatch) -> OutgoingBatch {
+    /// The SDK declares `transform-flat`: the host never calls this.
+    fn transform(_records: Vec<SourceRecord>) -> Vec<Outgoing> {
+        unreachable!("herald-sdk plugins declare transform-flat")
+    }
+
+    fn transform_flat(batch: RecordBatch) -> OutgoingBatch {
         let records = decode_records(&batch.data, &batch.meta);
         let mut out = Output {
             data: Vec::with_capacity(batch.data.len() + 64),
@@ -269,7 +276,8 @@ impl<P: Plugin> Guest for Adapter<P> {
             hooks |= match h {
                 Hook::AuthorizeConnect => Hooks::AUTHORIZE_CONNECT,
                 Hook::AuthorizeSubscribe => Hooks::AUTHORIZE_SUBSCRIBE,
-                Hook::Transform => Hooks::TRANSFORM,
+                // One buffer each way instead of a value per field.
+                Hook::Transform => Hooks::TRANSFORM_FLAT,
                 Hook::Merge => Hooks::MERGE,
             };
         }

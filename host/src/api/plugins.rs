@@ -118,6 +118,8 @@ async fn upload(
         "name": rec.name,
         "plugin_version": rec.plugin_version,
         "hooks": rec.hooks,
+        "contract": checked.info.contract,
+        "transform_encoding": checked.info.hooks.transform.then_some(checked.info.encoding),
     });
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
@@ -168,6 +170,6 @@ async fn activate(
     };
     tracing::info!(tenant = %id, version, ?previous, "plugin version activated");
     Ok(Json(
-        json!({ "active": version, "previous": previous, "name": info.name, "hooks": info.hooks }),
+        json!({ "active": version, "previous": previous, "name": info.name, "hooks": info.hooks, "contract": info.contract }),
     ))
 }

@@ -12,8 +12,9 @@
 
 use super::batch::{self, SourceRecord, Transformed};
 use super::{
-    classify, deadline_ticks, ConnectRequest, Denial, Plugin, PluginError, PluginInfo, PluginPre,
-    Runtime, SandboxLimits, Session, StoreState, EPOCH_TICK, LOGS_PER_CALL,
+    check_session, classify, cut_denial, deadline_ticks, from_v1, Bound, ConnectRequest, Contract,
+    DeclaredHooks, Denial, Encoding, PluginError, PluginInfo, Prepared, Runtime, SandboxLimits,
+    Session, StoreState, EPOCH_TICK, LOGS_PER_CALL,
 };
 use parking_lot::Mutex;
 use std::cell::Cell;
@@ -67,7 +68,7 @@ pub enum Patience {
 
 struct Loaded {
     store: Store<StoreState>,
-    plugin: Plugin,
+    plugin: Bound,
     _live: Live,
 }
 
@@ -94,7 +95,7 @@ pub struct ActivePlugin {
     pub sha256: String,
     pub info: PluginInfo,
     runtime: Arc<Runtime>,
-    pre: PluginPre<StoreState>,
+    pre: Prepared,
     limits: SandboxLimits,
     tenant: Arc<str>,
     config: Arc<str>,
@@ -137,6 +138,11 @@ impl ActivePlugin {
                 name: String::new(),
                 version: String::new(),
                 hooks: Default::default(),
+                contract: match pre {
+                    Prepared::V0_1(_) => Contract::V0_1,
+                    Prepared::V0_2(_) => Contract::V0_2,
+                },
+                encoding: Encoding::Flat,
             },
             runtime: runtime.clone(),
             pre,
@@ -156,12 +162,23 @@ impl ActivePlugin {
             busy_logged: Default::default(),
             fast_streak: AtomicU32::new(0),
         };
-        let info = active.call(|store, p| p.herald_plugin_guest().call_describe(store))?;
-        active.info = PluginInfo {
-            name: info.name,
-            version: info.version,
-            hooks: info.hooks.into(),
-        };
+        let (name, version, hooks, encoding) = active
+            .call(|store, p| match p {
+                Bound::V0_2(p) => {
+                    let i = p.herald_plugin_guest().call_describe(store)?;
+                    Ok((i.name, i.version, DeclaredHooks::from_v2(i.hooks)))
+                }
+                Bound::V0_1(p) => {
+                    let i = p.herald_plugin_guest().call_describe(store)?;
+                    let hooks = DeclaredHooks::from_v1(i.hooks);
+                    Ok((i.name, i.version, Ok((hooks, Encoding::Flat))))
+                }
+            })
+            .and_then(|(n, v, h)| h.map(|(h, e)| (n, v, h, e)))?;
+        active.info.name = name;
+        active.info.version = version;
+        active.info.hooks = hooks;
+        active.info.encoding = encoding;
         Ok(Arc::new(active))
     }
 
@@ -182,7 +199,11 @@ impl ActivePlugin {
         let live = Live(self.live.clone());
         let mut store = self.runtime.store(&self.tenant, &self.config, self.limits);
         store.set_epoch_deadline(deadline_ticks(self.limits));
-        match self.pre.instantiate(&mut store) {
+        let made = match &self.pre {
+            Prepared::V0_2(pre) => pre.instantiate(&mut store).map(Bound::V0_2),
+            Prepared::V0_1(pre) => pre.instantiate(&mut store).map(Bound::V0_1),
+        };
+        match made {
             Ok(plugin) => Ok(Loaded {
                 store,
                 plugin,
@@ -199,7 +220,7 @@ impl ActivePlugin {
     /// inline budget when it runs on a runtime worker, see [`Self::run`]).
     fn call<R>(
         &self,
-        f: impl FnOnce(&mut Store<StoreState>, &Plugin) -> wasmtime::Result<R>,
+        f: impl FnOnce(&mut Store<StoreState>, &Bound) -> wasmtime::Result<R>,
     ) -> Result<R, PluginError> {
         let pooled = self.pool.lock().pop();
         let mut inst = match pooled {
@@ -242,12 +263,23 @@ impl ActivePlugin {
     }
 
     /// `authorize-connect`; a failure of the plugin itself is an error, a
-    /// refusal is `Ok(Err(denial))`.
+    /// refusal is `Ok(Err(denial))`. A session that breaks the WIT's rules
+    /// fails the call (`bad_output`): refused, never admitted.
     pub fn authorize_connect(
         &self,
         req: &ConnectRequest,
     ) -> Result<Result<Session, Denial>, PluginError> {
-        self.call(|s, p| p.herald_plugin_guest().call_authorize_connect(s, req))
+        let r = self.call(|s, p| match p {
+            Bound::V0_2(p) => p.herald_plugin_guest().call_authorize_connect(s, req),
+            Bound::V0_1(p) => p
+                .herald_plugin_guest()
+                .call_authorize_connect(s, &from_v1::request(req))
+                .map(|r| r.map(from_v1::session).map_err(from_v1::denial)),
+        })?;
+        match r {
+            Ok(session) => check_session(&session).map(|()| Ok(session)),
+            Err(d) => Ok(Err(cut_denial(d))),
+        }
     }
 
     pub fn authorize_subscribe(
@@ -255,10 +287,16 @@ impl ActivePlugin {
         session: &Session,
         channel: &str,
     ) -> Result<Result<(), Denial>, PluginError> {
-        self.call(|s, p| {
-            p.herald_plugin_guest()
-                .call_authorize_subscribe(s, session, channel)
-        })
+        let r = self.call(|s, p| match p {
+            Bound::V0_2(p) => p
+                .herald_plugin_guest()
+                .call_authorize_subscribe(s, session, channel),
+            Bound::V0_1(p) => p
+                .herald_plugin_guest()
+                .call_authorize_subscribe(s, &from_v1::session_in(session), channel)
+                .map(|r| r.map_err(from_v1::denial)),
+        })?;
+        Ok(r.map_err(cut_denial))
     }
 
     /// One call for the whole batch; the output is checked against the
@@ -269,10 +307,32 @@ impl ActivePlugin {
         records: &[SourceRecord<'_>],
         max_payload: usize,
     ) -> Result<Transformed, PluginError> {
-        let (data, meta) = batch::encode_records(records);
-        let b = super::herald::plugin::types::RecordBatch { data, meta };
-        let out = self.call(|s, p| p.herald_plugin_guest().call_transform(s, &b))?;
-        batch::decode_outgoing(out.data, &out.meta, records.len(), max_payload)
+        let (data, meta) = match self.info.encoding {
+            Encoding::Flat => {
+                let (data, meta) = batch::encode_records(records);
+                self.call(|s, p| match p {
+                    Bound::V0_2(p) => {
+                        let b = super::v2::herald::plugin::types::RecordBatch { data, meta };
+                        let o = p.herald_plugin_guest().call_transform_flat(s, &b)?;
+                        Ok((o.data, o.meta))
+                    }
+                    Bound::V0_1(p) => {
+                        let b = super::v1::herald::plugin::types::RecordBatch { data, meta };
+                        let o = p.herald_plugin_guest().call_transform(s, &b)?;
+                        Ok((o.data, o.meta))
+                    }
+                })?
+            }
+            Encoding::Typed => {
+                let typed = batch::typed_records(records);
+                let out = self.call(|s, p| match p {
+                    Bound::V0_2(p) => p.herald_plugin_guest().call_transform(s, &typed),
+                    Bound::V0_1(_) => unreachable!("0.1.0 has only the flat transform"),
+                })?;
+                batch::encode_outgoing(&out)
+            }
+        };
+        batch::decode_outgoing(data, &meta, records.len(), max_payload)
             .map_err(|e| PluginError::BadOutput(e.to_string()))
     }
 
@@ -401,7 +461,10 @@ impl ActivePlugin {
         newer: &[u8],
         max_payload: usize,
     ) -> Result<Vec<u8>, PluginError> {
-        let out = self.call(|s, p| p.herald_plugin_guest().call_merge(s, key, older, newer))?;
+        let out = self.call(|s, p| match p {
+            Bound::V0_2(p) => p.herald_plugin_guest().call_merge(s, key, older, newer),
+            Bound::V0_1(p) => p.herald_plugin_guest().call_merge(s, key, older, newer),
+        })?;
         if out.len() > max_payload {
             return Err(PluginError::BadOutput(format!(
                 "merge returned {} bytes, over {max_payload}",

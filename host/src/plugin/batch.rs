@@ -68,6 +68,58 @@ pub fn encode_records(records: &[SourceRecord<'_>]) -> (Vec<u8>, Vec<u64>) {
     (data, meta)
 }
 
+/// Records as 0.2.0's typed `list<source-record>`: each field copied into a
+/// value of its own (the cost the flat encoding avoids).
+pub fn typed_records(records: &[SourceRecord<'_>]) -> Vec<super::SourceRecord> {
+    records
+        .iter()
+        .map(|r| super::SourceRecord {
+            timestamp_ms: r.timestamp_ms,
+            position: r.position.map_or(0, |p| p.number),
+            key: r.key.map(<[u8]>::to_vec),
+            value: r.value.to_vec(),
+            channel: r.channel.map(str::to_string),
+            headers: r.headers.to_vec(),
+        })
+        .collect()
+}
+
+/// 0.2.0's typed `list<outgoing>` in the flat encoding, so both are checked
+/// by [`decode_outgoing`] alike. A field too long for the encoding's u32
+/// lengths (impossible under any memory cap) fails the call.
+pub fn encode_outgoing(out: &[super::Outgoing]) -> (Vec<u8>, Vec<u32>) {
+    let size: usize = out
+        .iter()
+        .map(|o| {
+            o.channel.len()
+                + o.payload.len()
+                + o.conflation_key.as_ref().map_or(0, String::len)
+                + o.audience.as_ref().map_or(0, String::len)
+        })
+        .sum();
+    let mut data = Vec::with_capacity(size);
+    let mut meta = Vec::with_capacity(out.len() * 5);
+    let len = |n: usize| u32::try_from(n).unwrap_or(NONE - 1);
+    for o in out {
+        data.extend_from_slice(o.channel.as_bytes());
+        data.extend_from_slice(&o.payload);
+        if let Some(k) = &o.conflation_key {
+            data.extend_from_slice(k.as_bytes());
+        }
+        if let Some(a) = &o.audience {
+            data.extend_from_slice(a.as_bytes());
+        }
+        meta.extend_from_slice(&[
+            len(o.channel.len()),
+            len(o.payload.len()),
+            o.conflation_key.as_ref().map_or(NONE, |k| len(k.len())),
+            o.audience.as_ref().map_or(NONE, |a| len(a.len())),
+            o.source_index,
+        ]);
+    }
+    (data, meta)
+}
+
 /// One message a plugin asked to publish, borrowed from its output buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutMessage<'a> {

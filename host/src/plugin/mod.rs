@@ -22,13 +22,50 @@ use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, ResourceLimiter, Store};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-wasmtime::component::bindgen!({
-    path: "../sdk/wit-0.1.0",
-    world: "plugin",
-});
+/// `herald:plugin@0.2.0` (sdk/wit): the contract plugins are built against
+/// today. Its types are the host's own.
+mod v2 {
+    wasmtime::component::bindgen!({
+        path: "../sdk/wit",
+        world: "plugin",
+    });
+}
 
-pub use self::herald::plugin::types::{ConnectRequest, Denial, Info, Session};
-use self::herald::plugin::types::{Hooks, Level};
+/// `herald:plugin@0.1.0` (sdk/wit-0.1.0, frozen): components uploaded
+/// before 0.2.0 keep running beside 0.2.0 ones.
+mod v1 {
+    wasmtime::component::bindgen!({
+        path: "../sdk/wit-0.1.0",
+        world: "plugin",
+    });
+}
+
+pub use self::v2::herald::plugin::types::{
+    ConnectRequest, Denial, Info, Outgoing, Session, SourceRecord,
+};
+use self::v2::herald::plugin::types::{Hooks, Level};
+
+/// The contract a component was built against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Contract {
+    #[serde(rename = "herald:plugin@0.1.0")]
+    V0_1,
+    #[serde(rename = "herald:plugin@0.2.0")]
+    V0_2,
+}
+
+/// A component linked against one of the contracts.
+#[derive(Clone)]
+pub enum Prepared {
+    V0_1(v1::PluginPre<StoreState>),
+    V0_2(v2::PluginPre<StoreState>),
+}
+
+/// One instance's exports.
+pub enum Bound {
+    V0_1(v1::Plugin),
+    V0_2(v2::Plugin),
+}
 
 /// How often the epoch advances; call deadlines are counted in these ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(1);
@@ -183,9 +220,7 @@ impl WasiView for StoreState {
 const LOGS_PER_CALL: u32 = 16;
 const LOG_LINE_MAX: usize = 1024;
 
-impl self::herald::plugin::types::Host for StoreState {}
-
-impl self::herald::plugin::host::Host for StoreState {
+impl StoreState {
     fn log(&mut self, level: Level, message: String) {
         if self.log_budget == 0 {
             return;
@@ -208,6 +243,38 @@ impl self::herald::plugin::host::Host for StoreState {
             // A plugin's error is not data loss in the host: keep ERROR for the host's own.
             Level::Error => tracing::warn!(tenant, plugin_log = %m, plugin_level = "error"),
         }
+    }
+}
+
+impl self::v2::herald::plugin::types::Host for StoreState {}
+
+impl self::v2::herald::plugin::host::Host for StoreState {
+    fn log(&mut self, level: Level, message: String) {
+        StoreState::log(self, level, message)
+    }
+
+    fn now_ms(&mut self) -> u64 {
+        crate::registry::now_ms() as u64
+    }
+
+    fn config(&mut self) -> String {
+        self.config.to_string()
+    }
+}
+
+impl self::v1::herald::plugin::types::Host for StoreState {}
+
+impl self::v1::herald::plugin::host::Host for StoreState {
+    fn log(&mut self, level: self::v1::herald::plugin::types::Level, message: String) {
+        use self::v1::herald::plugin::types::Level as L;
+        let level = match level {
+            L::Trace => Level::Trace,
+            L::Debug => Level::Debug,
+            L::Info => Level::Info,
+            L::Warn => Level::Warn,
+            L::Error => Level::Error,
+        };
+        StoreState::log(self, level, message)
     }
 
     fn now_ms(&mut self) -> u64 {
@@ -245,7 +312,8 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
         wasi::add_sync_io(&mut linker, |s: &mut StoreState| wasi::SyncIo(&mut s.table))?;
-        Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        v2::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        v1::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         // The epoch clock: a thread that stops once the engine is gone.
         let weak = engine.weak();
         std::thread::Builder::new()
@@ -300,8 +368,8 @@ impl Runtime {
             .stderr(output.clone())
             .wall_clock(wasi::Frozen)
             .monotonic_clock(wasi::Frozen)
-            .secure_random(wasi::Fixed::new())
-            .insecure_random(wasi::Fixed::new())
+            .secure_random(wasi::Fixed::default())
+            .insecure_random(wasi::Fixed::default())
             .insecure_random_seed(0x6865_7261_6c64);
         let state = StoreState {
             wasi: ctx.build(),
@@ -317,13 +385,22 @@ impl Runtime {
         store
     }
 
-    /// Links a compiled component once; instances are made from the result.
-    pub fn prepare(&self, component: &Component) -> Result<PluginPre<StoreState>, PluginError> {
+    /// Links a compiled component once, against the contract it exports
+    /// (0.2.0, else 0.1.0); instances are made from the result.
+    pub fn prepare(&self, component: &Component) -> Result<Prepared, PluginError> {
         let pre = self
             .linker
             .instantiate_pre(component)
             .map_err(|e| PluginError::Instantiate(format!("{e:#}")))?;
-        PluginPre::new(pre).map_err(|e| PluginError::Instantiate(format!("{e:#}")))
+        match v2::PluginPre::new(pre.clone()) {
+            Ok(p) => Ok(Prepared::V0_2(p)),
+            Err(e2) => match v1::PluginPre::new(pre) {
+                Ok(p) => Ok(Prepared::V0_1(p)),
+                Err(_) => Err(PluginError::Instantiate(format!(
+                    "the component exports neither herald:plugin/guest@0.2.0 nor @0.1.0: {e2:#}"
+                ))),
+            },
+        }
     }
 }
 
@@ -400,21 +477,145 @@ pub struct DeclaredHooks {
     pub merge: bool,
 }
 
-impl From<Hooks> for DeclaredHooks {
-    fn from(h: Hooks) -> Self {
+/// How a version's `transform` takes its records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    /// `transform(list<source-record>) -> list<outgoing>` (0.2.0).
+    Typed,
+    /// One buffer plus lengths each way (0.1.0's `transform`, 0.2.0's
+    /// `transform-flat`).
+    Flat,
+}
+
+impl DeclaredHooks {
+    /// 0.2.0's flags, and how its transform takes records; declaring both
+    /// transforms breaks the contract.
+    fn from_v2(h: Hooks) -> Result<(DeclaredHooks, Encoding), PluginError> {
+        let (typed, flat) = (
+            h.contains(Hooks::TRANSFORM),
+            h.contains(Hooks::TRANSFORM_FLAT),
+        );
+        if typed && flat {
+            return Err(PluginError::BadOutput(
+                "describe declares both transform and transform-flat; declare one".into(),
+            ));
+        }
+        Ok((
+            DeclaredHooks {
+                authorize_connect: h.contains(Hooks::AUTHORIZE_CONNECT),
+                authorize_subscribe: h.contains(Hooks::AUTHORIZE_SUBSCRIBE),
+                transform: typed || flat,
+                merge: h.contains(Hooks::MERGE),
+            },
+            if flat {
+                Encoding::Flat
+            } else {
+                Encoding::Typed
+            },
+        ))
+    }
+
+    fn from_v1(h: self::v1::herald::plugin::types::Hooks) -> DeclaredHooks {
+        use self::v1::herald::plugin::types::Hooks as H;
         DeclaredHooks {
-            authorize_connect: h.contains(Hooks::AUTHORIZE_CONNECT),
-            authorize_subscribe: h.contains(Hooks::AUTHORIZE_SUBSCRIBE),
-            transform: h.contains(Hooks::TRANSFORM),
-            merge: h.contains(Hooks::MERGE),
+            authorize_connect: h.contains(H::AUTHORIZE_CONNECT),
+            authorize_subscribe: h.contains(H::AUTHORIZE_SUBSCRIBE),
+            transform: h.contains(H::TRANSFORM),
+            merge: h.contains(H::MERGE),
         }
     }
 }
 
-/// What `describe` answered.
+/// What `describe` answered, and what the component was built against.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct PluginInfo {
     pub name: String,
     pub version: String,
     pub hooks: DeclaredHooks,
+    pub contract: Contract,
+    pub encoding: Encoding,
+}
+
+/// 0.1.0 has the same records for connect and subscribe; a 0.1.0 call
+/// converts them on the way in and out (a few strings, per connect).
+mod from_v1 {
+    use super::v1::herald::plugin::types as old;
+    use super::{ConnectRequest, Denial, Session};
+
+    pub fn request(r: &ConnectRequest) -> old::ConnectRequest {
+        old::ConnectRequest {
+            tenant: r.tenant.clone(),
+            transport: r.transport.clone(),
+            headers: r.headers.clone(),
+            query: r.query.clone(),
+            credentials: r.credentials.clone(),
+            remote_addr: r.remote_addr.clone(),
+        }
+    }
+
+    pub fn session_in(s: &Session) -> old::Session {
+        old::Session {
+            subject: s.subject.clone(),
+            audience: s.audience.clone(),
+            attributes: s.attributes.clone(),
+        }
+    }
+
+    pub fn session(s: old::Session) -> Session {
+        Session {
+            subject: s.subject,
+            audience: s.audience,
+            attributes: s.attributes,
+        }
+    }
+
+    pub fn denial(d: old::Denial) -> Denial {
+        Denial {
+            code: d.code,
+            message: d.message,
+        }
+    }
+}
+
+/// The WIT's rules for a session an authorize-connect grants.
+fn check_session(s: &Session) -> Result<(), PluginError> {
+    let bad = |m: String| Err(PluginError::BadOutput(format!("authorize-connect: {m}")));
+    if !(1..=256).contains(&s.subject.len()) {
+        return bad(format!(
+            "subject must be 1-256 bytes, not {}",
+            s.subject.len()
+        ));
+    }
+    if let Some(a) = &s.audience {
+        if !(1..=64).contains(&a.len()) {
+            return bad(format!("audience must be 1-64 bytes, not {}", a.len()));
+        }
+    }
+    if s.attributes.len() > 32 {
+        return bad(format!("at most 32 attributes, not {}", s.attributes.len()));
+    }
+    if let Some((n, _)) = s
+        .attributes
+        .iter()
+        .find(|(n, v)| n.len() > 256 || v.len() > 256)
+    {
+        return bad(format!(
+            "attribute {:?}: name and value at most 256 bytes each",
+            n.chars().take(32).collect::<String>()
+        ));
+    }
+    Ok(())
+}
+
+/// A denial as the client will see it: the message cut at 256 bytes.
+fn cut_denial(mut d: Denial) -> Denial {
+    if d.message.len() > 256 {
+        let mut cut = 256;
+        while !d.message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        d.message.truncate(cut);
+    }
+    d
 }

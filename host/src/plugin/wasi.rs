@@ -168,8 +168,8 @@ impl HostMonotonicClock for Frozen {
 /// still starts.
 pub struct Fixed(u64);
 
-impl Fixed {
-    pub fn new() -> Fixed {
+impl Default for Fixed {
+    fn default() -> Fixed {
         Fixed(0x4845_5241_4c44_2e31)
     }
 }
@@ -417,7 +417,7 @@ mod tests {
     #[test]
     fn the_random_source_is_the_same_everywhere() {
         use rand_core::TryRng;
-        let (mut a, mut b) = (Fixed::new(), Fixed::new());
+        let (mut a, mut b) = (Fixed::default(), Fixed::default());
         let (mut x, mut y) = ([0u8; 13], [0u8; 13]);
         a.try_fill_bytes(&mut x).unwrap();
         b.try_fill_bytes(&mut y).unwrap();

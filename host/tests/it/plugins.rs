@@ -464,3 +464,92 @@ async fn active_plugin_survives_restart() {
     assert_eq!(ws.next().await["data"], json!({"bid":1}));
     h.stop().await;
 }
+
+/// A component built against `herald:plugin@0.1.0` (checked in, built from
+/// the last 0.1.0 SDK).
+fn plugin_0_1(name: &str) -> Vec<u8> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/plugin-0.1.0")
+        .join(format!("{name}.wasm"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Issue 12: the host runs 0.1.0 and 0.2.0 components side by side — two
+/// tenants, one on each build of jwt-auth, decide alike, a 0.1.0 transform
+/// publishes beside a 0.2.0 one, and a tenant swaps from 0.1.0 to 0.2.0
+/// without a restart.
+#[tokio::test]
+async fn components_of_both_contracts_run_side_by_side() {
+    let h = spawn_host().await;
+    let config = json!({"secret":SECRET,"default_channels":["public.*"]});
+    for (tenant, bytes) in [
+        ("old-jwt", plugin_0_1("jwt_auth")),
+        ("new-jwt", plugin_wasm("jwt_auth")),
+    ] {
+        let key = h.tenant(json!({"id":tenant,"config":config.clone()})).await;
+        let (s, v) = h.upload_plugin(tenant, bytes).await;
+        assert_eq!(s, 201, "{v}");
+        let contract = if tenant == "old-jwt" {
+            "herald:plugin@0.1.0"
+        } else {
+            "herald:plugin@0.2.0"
+        };
+        assert_eq!(v["contract"], contract, "{v}");
+        h.activate(tenant, v["version"].as_i64().unwrap()).await;
+        let (s, v) = h.ws_with(tenant, "").await.err().unwrap();
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (403, Some("missing_token"))
+        );
+        let good = jwt(
+            json!({"sub":"alice","exp":now_s()+60,"channels":["user.{sub}.*"]}),
+            SECRET,
+        );
+        let mut ws = h
+            .ws_with(tenant, &format!("token={good}"))
+            .await
+            .ok()
+            .unwrap();
+        ws.sub("user.alice.inbox", 1).await;
+        ws.send(json!({"op":"sub","ch":"user.bob.inbox","id":2}))
+            .await;
+        assert_eq!(ws.next().await["code"], "forbidden", "{tenant}");
+        h.publish(
+            tenant,
+            &key,
+            json!({"ch":"user.alice.inbox","data":{"hi":tenant}}),
+        )
+        .await;
+        assert_eq!(ws.next().await["data"], json!({"hi":tenant}));
+    }
+
+    // A 0.1.0 transform, then a live swap to the 0.2.0 build of it.
+    let key = h.public_tenant("swap-contract").await;
+    let (s, v) = h
+        .upload_plugin("swap-contract", plugin_0_1("ticker_conflate"))
+        .await;
+    assert_eq!(
+        (s, v["contract"].as_str()),
+        (201, Some("herald:plugin@0.1.0")),
+        "{v}"
+    );
+    h.activate("swap-contract", v["version"].as_i64().unwrap())
+        .await;
+    let mut ws = h.ws("swap-contract").await;
+    ws.sub("ticks.ABC", 1).await;
+    let tick = |px: u64| json!({"ch":"ticks.ABC","data":{"sym":"ABC","px":px}});
+    let (s, v) = h.publish("swap-contract", &key, tick(1)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(ws.next().await["data"]["px"], 1);
+    let v2 = h.install_plugin("swap-contract", "ticker_conflate").await;
+    assert_eq!(v2, 2);
+    let (s, v) = h.publish("swap-contract", &key, tick(2)).await;
+    assert_eq!(s, 200, "{v}");
+    let m = ws.next().await;
+    assert_eq!(
+        (m["data"]["px"].as_u64(), m["seq"].as_u64()),
+        (Some(2), Some(2)),
+        "{m}"
+    );
+    h.stop().await;
+}
