@@ -58,6 +58,9 @@ bash bench/peers/install.sh
 log "plugins (wasm32-wasip2 components the integration tests load)"
 ./plugins/build.sh
 
+log "the example plugin in Python, JavaScript and C (the conformance suite's components)"
+./plugins/example/build.sh
+
 log "sdk unit tests"
 (cd sdk && cargo test --locked)
 

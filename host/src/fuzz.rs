@@ -204,8 +204,9 @@ fn client_operations() {
 #[test]
 fn publish_bodies() {
     let seeds: &[&[u8]] = &[
-        b"{\"ch\":\"a\",\"data\":{\"px\":1.5},\"key\":\"AAPL\"}",
-        b"[{\"ch\":\"a\",\"data\":1},{\"ch\":\"b.c\",\"data\":\"x\",\"key\":\"k\"}]",
+        b"0{\"ch\":\"a\",\"data\":{\"px\":1.5},\"key\":\"AAPL\"}",
+        b"0[{\"ch\":\"a\",\"data\":1},{\"ch\":\"b.c\",\"data\":\"x\",\"key\":\"k\"}]",
+        b"1[{\"data\":1},{\"ch\":\"b.c\",\"data\":\"x\"}]",
     ];
     fuzz("publish", seeds, crate::fuzzing::publish_body);
 }

@@ -51,7 +51,12 @@ pub fn client_op(input: &[u8]) {
 
 /// An HTTP publish body.
 pub fn publish_body(input: &[u8]) {
-    if let Ok((items, batch)) = crate::api::publish::read_items(input, 4096) {
+    // The first byte says whether the tenant has a transform (a channel
+    // may then be left out).
+    let Some((&mode, body)) = input.split_first() else {
+        return;
+    };
+    if let Ok((items, batch)) = crate::api::publish::read_items(body, 4096, mode & 1 == 0) {
         assert!(!items.is_empty() && (batch || items.len() == 1));
     }
 }

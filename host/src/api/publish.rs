@@ -30,7 +30,9 @@ use std::time::Duration;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PublishItem {
-    ch: String,
+    /// May be left out when the tenant's transform picks the channel.
+    #[serde(default)]
+    ch: Option<String>,
     data: Box<RawValue>,
     #[serde(default)]
     key: Option<String>,
@@ -121,12 +123,14 @@ pub enum ItemsError {
 }
 
 /// Parses and checks a publish body: one message object or a non-empty
-/// array of them, each with a valid channel, a payload within
-/// `max_message_bytes` and a key of 1-128 bytes. Returns the items and
-/// whether the body was a batch. Pure: fuzzed in `crate::fuzz`.
+/// array of them, each with a valid channel (or none, when
+/// `channel_required` is false: the tenant's transform picks it), a payload
+/// within `max_message_bytes` and a key of 1-128 bytes. Returns the items
+/// and whether the body was a batch. Pure: fuzzed in `crate::fuzz`.
 pub fn read_items(
     body: &[u8],
     max_message_bytes: usize,
+    channel_required: bool,
 ) -> Result<(Vec<PublishItem>, bool), ItemsError> {
     let bad = |e: ApiError| ItemsError::Bad(e.to_string());
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
@@ -154,7 +158,17 @@ pub fn read_items(
         } else {
             String::new()
         };
-        proto::validate_channel(&item.ch).map_err(|e| ItemsError::Bad(format!("{at}ch: {e}")))?;
+        match &item.ch {
+            Some(ch) => {
+                proto::validate_channel(ch).map_err(|e| ItemsError::Bad(format!("{at}ch: {e}")))?
+            }
+            None if channel_required => {
+                return Err(ItemsError::Bad(format!(
+                    "{at}ch: required (the tenant has no transform to pick a channel)"
+                )))
+            }
+            None => {}
+        }
         let size = item.data.get().len();
         if size > max_message_bytes {
             return Err(ItemsError::TooBig(format!(
@@ -220,13 +234,18 @@ async fn publish(
         tenant.metrics.publish_rejected("source_not_http");
         return Err(ApiError::SourceNotHttp(tenant.id.to_string(), source));
     }
-    let (items, batch) = read_items(&body, tenant.settings().limits.max_message_bytes)
-        .inspect_err(|e| {
-            if matches!(e, ItemsError::TooBig(_)) {
-                tenant.metrics.publish_rejected("too_big");
-            }
-        })
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let transform = tenant.plugin().is_some_and(|p| p.info.hooks.transform);
+    let (items, batch) = read_items(
+        &body,
+        tenant.settings().limits.max_message_bytes,
+        !transform,
+    )
+    .inspect_err(|e| {
+        if matches!(e, ItemsError::TooBig(_)) {
+            tenant.metrics.publish_rejected("too_big");
+        }
+    })
+    .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     if let Err(wait) = tenant.take_publish_tokens(items.len() as u32) {
         tenant.metrics.publish_rejected("rate_limited");
         return Err(ApiError::RateLimited(wait));
@@ -248,7 +267,7 @@ async fn publish(
                     position: None,
                     key: i.key.as_deref().map(str::as_bytes),
                     value: i.data.get().as_bytes(),
-                    channel: Some(&i.ch),
+                    channel: i.ch.as_deref(),
                     headers: &[],
                 })
                 .collect();
@@ -324,7 +343,7 @@ fn outgoing(items: &[PublishItem]) -> Vec<Outgoing<'_>> {
     items
         .iter()
         .map(|i| Outgoing {
-            channel: &i.ch,
+            channel: i.ch.as_deref(),
             key: i.key.as_deref(),
             payload: i.data.get().as_bytes(),
         })

@@ -23,7 +23,8 @@ pub async fn append(
     tenant: &str,
     entries: &[Outgoing<'_>],
 ) -> Result<Vec<i64>, sqlx::Error> {
-    let channels: Vec<&str> = entries.iter().map(|e| e.channel).collect();
+    // "" for none: the reader gives a record without a channel.
+    let channels: Vec<&str> = entries.iter().map(|e| e.channel.unwrap_or("")).collect();
     let keys: Vec<Option<&str>> = entries.iter().map(|e| e.key).collect();
     let payloads: Vec<&[u8]> = entries.iter().map(|e| e.payload).collect();
     let mut tx = cluster.pool.begin().await?;

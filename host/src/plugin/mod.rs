@@ -608,8 +608,19 @@ fn check_session(s: &Session) -> Result<(), PluginError> {
     Ok(())
 }
 
-/// A denial as the client will see it: the message cut at 256 bytes.
+/// A denial as the client will see it (the WIT's rules): the code of
+/// `[A-Za-z0-9_]` only, cut at 48 ("denied" if nothing is left), the
+/// message cut at 256 bytes.
 fn cut_denial(mut d: Denial) -> Denial {
+    d.code = d
+        .code
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .take(48)
+        .collect();
+    if d.code.is_empty() {
+        d.code = "denied".into();
+    }
     if d.message.len() > 256 {
         let mut cut = 256;
         while !d.message.is_char_boundary(cut) {

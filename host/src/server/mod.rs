@@ -206,20 +206,6 @@ fn connect_request(
     }
 }
 
-/// A denial code from a plugin, made safe for a JSON body and a metric.
-fn denial_code(code: &str) -> String {
-    let c: String = code
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
-        .take(48)
-        .collect();
-    if c.is_empty() {
-        "denied".into()
-    } else {
-        c
-    }
-}
-
 /// The HTTP answer to a session request that does not become a session.
 /// The front door writes it and closes; on a kept-alive connection hyper
 /// sends it and the connection stays open.
@@ -359,7 +345,7 @@ async fn authorize_connect(
             t.metrics.refused("denied");
             Err(Refused::new(
                 StatusCode::FORBIDDEN,
-                &denial_code(&denial.code),
+                &denial.code,
                 &denial.message,
             ))
         }
@@ -545,7 +531,7 @@ async fn check_sse(
         {
             return Err(match refusal {
                 session::SubRefusal::Denied(code, msg) => {
-                    Refused::new(StatusCode::FORBIDDEN, &denial_code(&code), &msg)
+                    Refused::new(StatusCode::FORBIDDEN, &code, &msg)
                 }
                 session::SubRefusal::Failed(kind) => busy(
                     &format!("plugin_{kind}"),

@@ -26,7 +26,8 @@ use tokio_util::sync::CancellationToken;
 /// One message an HTTP publish hands to the place every node reads it from
 /// (cluster mode's log, a Kafka topic).
 pub struct Outgoing<'a> {
-    pub channel: &'a str,
+    /// `None` when the tenant's transform picks the channel.
+    pub channel: Option<&'a str>,
     pub key: Option<&'a str>,
     pub payload: &'a [u8],
 }

@@ -678,7 +678,9 @@ impl Reader {
                     }),
                     key: r.key.as_deref().map(str::as_bytes),
                     value: &r.value,
-                    channel: Some(&r.channel),
+                    // An empty channel is none (the publish log's way to
+                    // leave it to the transform).
+                    channel: Some(r.channel.as_str()).filter(|c| !c.is_empty()),
                     headers: &r.headers,
                 })
                 .collect();

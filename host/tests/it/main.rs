@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod cluster;
+mod conformance;
 mod frontdoor;
 mod helpers;
 mod kafka;

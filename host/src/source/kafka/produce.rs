@@ -92,10 +92,11 @@ impl Publisher {
     /// The topic an item goes to, and whether this source can carry it.
     fn topic_of(&self, item: &Outgoing<'_>) -> Result<usize, ProduceError> {
         match &self.channel_from {
+            ChannelFrom::Topic if item.channel.is_none() && self.topics.len() == 1 => Ok(0),
             ChannelFrom::Topic => self
                 .topics
                 .iter()
-                .position(|t| t == item.channel)
+                .position(|t| Some(t.as_str()) == item.channel)
                 .ok_or_else(|| {
                     ProduceError::Bad(format!(
                         "ch: this tenant's channels are its topics ({}); {:?} is not one",
@@ -125,16 +126,16 @@ impl Publisher {
             let topic = &self.topics[topic_index];
             let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(item.payload);
             let key = match &self.channel_from {
-                ChannelFrom::Key => Some(item.channel.as_bytes()),
+                ChannelFrom::Key => item.channel.map(str::as_bytes),
                 _ => item.key.map(str::as_bytes),
             };
             if let Some(k) = key {
                 record = record.key(k);
             }
-            if let ChannelFrom::Header(name) = &self.channel_from {
+            if let (ChannelFrom::Header(name), Some(ch)) = (&self.channel_from, item.channel) {
                 record = record.headers(OwnedHeaders::new().insert(Header {
                     key: name,
-                    value: Some(item.channel.as_bytes()),
+                    value: Some(ch.as_bytes()),
                 }));
             }
             let delivery = producer
