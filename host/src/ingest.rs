@@ -175,12 +175,15 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
         Some(p) => match p.transform(records, settings.limits.max_message_bytes) {
             Ok(t) => {
                 // Records whose outputs broke the contract fail alone.
-                if let Some(first) = t.refused.first() {
-                    tenant
-                        .metrics
-                        .dead_letter("bad_output", t.refused.len() as u64);
+                for kind in ["bad_output", "timeout"] {
+                    let mut of_kind = t.refused.iter().filter(|r| r.kind == kind);
+                    let Some(first) = of_kind.next() else {
+                        continue;
+                    };
+                    let n = 1 + of_kind.count();
+                    tenant.metrics.dead_letter(kind, n as u64);
                     let position = records.get(first.source as usize).and_then(|r| r.position);
-                    tracing::warn!(tenant = %tenant.id, version = p.version, records = t.refused.len(), first = first.source, ?position, reason = %first.reason, "transform output broke the contract; those records dead-lettered");
+                    tracing::warn!(tenant = %tenant.id, version = p.version, records = n, first = first.source, ?position, kind, reason = %first.reason, "transform failed for some records (broke the contract, or ran past the deadline alone); those records dead-lettered, the rest published");
                 }
                 Some(t.outputs)
             }

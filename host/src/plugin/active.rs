@@ -40,6 +40,14 @@ pub const INLINE_BUDGET: Duration = Duration::from_millis(2);
 /// runs inline again.
 const FAST_STREAK: u32 = 256;
 
+/// Records per `transform` call at most (the WIT promises it); a longer
+/// batch is run in parts.
+pub const MAX_RECORDS_PER_CALL: usize = 512;
+
+/// Calls in a row that finish within the deadline at a version's part size
+/// before it may double again (after a timeout halved it).
+const GROW_AFTER: u32 = 64;
+
 /// Where a version's calls run.
 const INLINE: u8 = 0;
 /// Off the workers: a call overran the inline budget (may come back).
@@ -111,6 +119,10 @@ pub struct ActivePlugin {
     /// Refusals for being busy are logged once a second.
     busy_logged: crate::metrics::LogEvery,
     fast_streak: AtomicU32,
+    /// Records per transform call: [`MAX_RECORDS_PER_CALL`], halved by a
+    /// call that timed out, doubled back after [`GROW_AFTER`] good ones.
+    part: AtomicUsize,
+    part_streak: AtomicU32,
 }
 
 /// What an activation needs besides the component.
@@ -161,6 +173,8 @@ impl ActivePlugin {
             mode: AtomicU8::new(INLINE),
             busy_logged: Default::default(),
             fast_streak: AtomicU32::new(0),
+            part: AtomicUsize::new(MAX_RECORDS_PER_CALL),
+            part_streak: AtomicU32::new(0),
         };
         let (name, version, hooks, encoding) = active
             .call(|store, p| match p {
@@ -299,10 +313,86 @@ impl ActivePlugin {
         Ok(r.map_err(cut_denial))
     }
 
-    /// One call for the whole batch; the output is checked against the
-    /// contract. An output of broken structure fails the call; records whose
-    /// outputs break it otherwise come back refused, beside the rest.
+    /// The batch in calls of at most [`MAX_RECORDS_PER_CALL`] records (or
+    /// the version's current part size); the output is checked against the
+    /// contract. An output of broken structure fails the batch; records
+    /// whose outputs break it otherwise come back refused, beside the rest.
+    /// A part that runs past the deadline is split in halves and run again
+    /// (hooks are pure and nothing was published), down to one record; a
+    /// record that alone runs past it is refused (`timeout`) unless it is
+    /// the whole batch, which then fails as a timeout. So a batch too big
+    /// for the deadline is delivered, not dead-lettered whole.
     pub fn transform(
+        &self,
+        records: &[SourceRecord<'_>],
+        max_payload: usize,
+    ) -> Result<Transformed, PluginError> {
+        let mut part = self
+            .part
+            .load(Ordering::Relaxed)
+            .clamp(1, MAX_RECORDS_PER_CALL);
+        if records.len() <= part {
+            match self.transform_call(records, max_payload) {
+                Err(PluginError::Timeout(..)) if records.len() > 1 => {}
+                r => {
+                    self.part_fit(part, r.is_ok());
+                    return r;
+                }
+            }
+            part = records.len() / 2;
+            self.part_timed_out(part);
+        }
+        let mut all = Transformed::default();
+        let mut start = 0;
+        while start < records.len() {
+            let end = (start + part).min(records.len());
+            match self.transform_call(&records[start..end], max_payload) {
+                Ok(t) => {
+                    self.part_fit(part, true);
+                    all.append(t, start as u32)
+                        .map_err(|e| PluginError::BadOutput(e.to_string()))?;
+                    start = end;
+                }
+                Err(PluginError::Timeout(..)) if end - start > 1 => {
+                    part = (end - start) / 2;
+                    self.part_timed_out(part);
+                }
+                Err(e @ PluginError::Timeout(..)) => {
+                    all.refuse(start as u32, "timeout", e.to_string());
+                    start = end;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(all)
+    }
+
+    fn part_timed_out(&self, part: usize) {
+        let part = part.max(1);
+        self.part_streak.store(0, Ordering::Relaxed);
+        if self.part.swap(part, Ordering::Relaxed) > part {
+            tracing::info!(tenant = %self.tenant, version = self.version, records = part, "a transform call ran past the deadline: batches run in parts of this many records");
+        }
+    }
+
+    fn part_fit(&self, part: usize, ok: bool) {
+        let now = self.part.load(Ordering::Relaxed);
+        if !ok || part < now || now >= MAX_RECORDS_PER_CALL {
+            return;
+        }
+        if self.part_streak.fetch_add(1, Ordering::Relaxed) + 1 >= GROW_AFTER {
+            self.part_streak.store(0, Ordering::Relaxed);
+            let _ = self.part.compare_exchange(
+                now,
+                (now * 2).min(MAX_RECORDS_PER_CALL),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// One `transform` call for `records`, checked.
+    fn transform_call(
         &self,
         records: &[SourceRecord<'_>],
         max_payload: usize,

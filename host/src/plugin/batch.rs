@@ -178,6 +178,9 @@ impl Outputs {
 pub struct Refusal {
     /// Index of the source record.
     pub source: u32,
+    /// "bad_output", or "timeout" for a record that alone ran past the
+    /// deadline (a batch split down to it, see `ActivePlugin::transform`).
+    pub kind: &'static str,
     /// The first breach found among its outputs.
     pub reason: String,
 }
@@ -188,6 +191,42 @@ pub struct Refusal {
 pub struct Transformed {
     pub outputs: Outputs,
     pub refused: Vec<Refusal>,
+}
+
+impl Transformed {
+    /// Adds the result of a call on the records from `offset` on (a batch
+    /// run in parts), in record order after what is here.
+    pub fn append(&mut self, other: Transformed, offset: u32) -> Result<(), BadOutput> {
+        let base = u32::try_from(self.outputs.data.len() + other.outputs.data.len())
+            .map(|_| self.outputs.data.len() as u32)
+            .map_err(|_| BadOutput("the batch's output is larger than 4 GiB".into()))?;
+        let shift = |(a, b): (u32, u32)| (a + base, b + base);
+        self.outputs.data.extend_from_slice(&other.outputs.data);
+        self.outputs
+            .spans
+            .extend(other.outputs.spans.into_iter().map(|s| Spans {
+                channel: shift(s.channel),
+                payload: shift(s.payload),
+                key: s.key.map(shift),
+                audience: s.audience.map(shift),
+                source: s.source + offset,
+            }));
+        self.refused
+            .extend(other.refused.into_iter().map(|r| Refusal {
+                source: r.source + offset,
+                ..r
+            }));
+        Ok(())
+    }
+
+    /// Refuses record `source`, which produced nothing.
+    pub fn refuse(&mut self, source: u32, kind: &'static str, reason: String) {
+        self.refused.push(Refusal {
+            source,
+            kind,
+            reason,
+        });
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -266,6 +305,7 @@ pub fn decode_outgoing(
                 refused_bits[word] |= bit;
                 refused.push(Refusal {
                     source: s.source,
+                    kind: "bad_output",
                     reason,
                 });
             }
@@ -545,5 +585,52 @@ mod tests {
         m.push(1);
         assert!(err(d, &m).contains("not a multiple of 5"));
         assert!(err(b"short".to_vec(), &[3, 1_000_000, NONE, NONE, 0]).contains("runs past"));
+    }
+}
+
+#[cfg(test)]
+mod append_tests {
+    use super::*;
+
+    fn one(ch: &str, payload: &[u8], key: Option<&str>, source: u32) -> Transformed {
+        let mut data = ch.as_bytes().to_vec();
+        data.extend_from_slice(payload);
+        data.extend_from_slice(key.unwrap_or("").as_bytes());
+        let meta = [
+            ch.len() as u32,
+            payload.len() as u32,
+            key.map_or(NONE, |k| k.len() as u32),
+            NONE,
+            source,
+        ];
+        decode_outgoing(data, &meta, source as usize + 1, 1024).unwrap()
+    }
+
+    #[test]
+    fn parts_append_in_record_order_with_their_offsets() {
+        let mut all = one("a", b"1", Some("k"), 0);
+        all.append(one("bb", b"22", None, 1), 5).unwrap();
+        all.refuse(7, "timeout", "late".into());
+        let msgs: Vec<_> = all.outputs.iter().collect();
+        assert_eq!(msgs.len(), 2);
+        assert_eq!(
+            (
+                msgs[0].channel,
+                msgs[0].payload,
+                msgs[0].key,
+                msgs[0].source
+            ),
+            ("a", &b"1"[..], Some("k"), 0)
+        );
+        assert_eq!(
+            (
+                msgs[1].channel,
+                msgs[1].payload,
+                msgs[1].key,
+                msgs[1].source
+            ),
+            ("bb", &b"22"[..], None, 6)
+        );
+        assert_eq!((all.refused[0].source, all.refused[0].kind), (7, "timeout"));
     }
 }

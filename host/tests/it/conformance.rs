@@ -253,6 +253,23 @@ async fn conformance(lang: &str) {
             assert!(message.contains(text), "{lang} {sym}: {message}");
         }
     }
+    // A record that alone runs past the deadline costs only itself: its
+    // batch is split down to it and the others are published.
+    let timeouts = format!("herald_plugin_dead_letters_total{{tenant=\"{t}\",kind=\"timeout\"}}");
+    let timeouts_before = h.metric(&timeouts).await;
+    let body = r#"[{"data":{"sym":"abc","px":"4"}},{"data":{"sym":"LOOP","px":"1"}},{"data":{"sym":"def","px":"5"}}]"#;
+    let (s, v) = publish_raw(&h, &t, &key, body.into()).await;
+    assert_eq!(s, 200, "{lang}: {v}");
+    assert_eq!(
+        v["results"].as_array().map(Vec::len),
+        Some(2),
+        "{lang}: {v}"
+    );
+    assert_eq!(h.metric(&timeouts).await - timeouts_before, 1.0);
+    assert_eq!(alice.next().await["data"], json!({"sym":"ABC","px":"4"}));
+    assert_eq!(alice.next().await["data"], json!({"sym":"DEF","px":"5"}));
+    assert_eq!(bob.next().await["data"], json!({"sym":"DEF","px":"5"}));
+
     // ...and the tenant serves on, with fresh instances.
     let (s, v) = publish_raw(&h, &t, &key, r#"{"data":{"sym":"abc","px":"3"}}"#.into()).await;
     assert_eq!(s, 200, "{v}");

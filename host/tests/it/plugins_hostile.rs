@@ -232,3 +232,36 @@ async fn a_plugin_that_does_not_load_fails_closed() {
     assert_eq!(ws.next().await["data"], json!({"bid":1}));
     h.stop().await;
 }
+
+/// Issue 12: a batch whose transform takes longer than the deadline as a
+/// whole (400 records at 1 ms each against 100 ms) is split and every
+/// record published in order, instead of the whole batch dead-lettered.
+#[tokio::test]
+async fn a_batch_too_big_for_the_deadline_is_split_not_dropped() {
+    let h = spawn_host().await;
+    let t = "split";
+    let key = h
+        .tenant(json!({"id":t,"access":"public","config":{"record_ms":1},"limits":{"plugin_deadline_ms":100}}))
+        .await;
+    h.install_plugin(t, "fixture_slow").await;
+    let mut ws = h.ws(t).await;
+    ws.sub("c", 1).await;
+    let n = 400u64;
+    let items: Vec<Value> = (0..n).map(|i| json!({"ch":"c","data":{"n":i}})).collect();
+    let (s, v) = h.publish(t, &key, Value::Array(items)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        v["results"].as_array().map(Vec::len),
+        Some(n as usize),
+        "{v}"
+    );
+    for i in 0..n {
+        let m = ws.next().await;
+        assert_eq!(
+            (m["data"]["n"].as_u64(), m["seq"].as_u64()),
+            (Some(i), Some(i + 1)),
+            "{m}"
+        );
+    }
+    h.stop().await;
+}
