@@ -271,6 +271,23 @@ impl Target {
             )
             .await
             .with_context(|| format!("uploading {}", path.display()))?;
+        // A large component compiles in the background: poll its status.
+        let mut answer = answer;
+        let started = std::time::Instant::now();
+        while answer["status"] == "compiling" {
+            anyhow::ensure!(
+                started.elapsed() < std::time::Duration::from_secs(300),
+                "{} still compiling after 300 s",
+                path.display()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let status = answer["status_url"]
+                .as_str()
+                .context("202 without a status_url")?
+                .to_string();
+            answer = self.admin_request("GET", &status, b"").await?;
+        }
+        anyhow::ensure!(answer["status"] != "failed", "upload failed: {answer}");
         let version = answer["version"]
             .as_i64()
             .context("upload answer has no version")?;

@@ -32,6 +32,15 @@ pub struct App {
     pub tracker: TaskTracker,
     pub plugins: Arc<Runtime>,
     ready: AtomicBool,
+    /// The start's first reconcile is running: a tenant's plugin is not
+    /// loaded in line but queued in `deferred_loads`, so the server listens
+    /// at once (`lib::run` loads them in the background).
+    pub starting: AtomicBool,
+    pub deferred_loads: parking_lot::Mutex<Vec<(Arc<crate::tenant::Tenant>, i64)>>,
+    /// Background plugin uploads and how they ended.
+    pub uploads: crate::api::plugins::Uploads,
+    /// `lib::load_deferred` is running (the server listens, not yet ready).
+    pub loading_plugins: AtomicBool,
     over_memory: AtomicBool,
     /// Admission's view of memory between RSS readings (see `admit_memory`).
     pub memory: MemoryGauge,
@@ -112,6 +121,10 @@ impl App {
             tracker: TaskTracker::new(),
             plugins,
             ready: AtomicBool::new(false),
+            starting: AtomicBool::new(false),
+            deferred_loads: Default::default(),
+            loading_plugins: AtomicBool::new(false),
+            uploads: Default::default(),
             over_memory: AtomicBool::new(false),
             memory: MemoryGauge::default(),
             memory_blamed: AtomicBool::new(false),
@@ -140,6 +153,14 @@ impl App {
 
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    /// Whether sessions are admitted: once ready, and already while the
+    /// start's plugins load (each tenant then says `plugin_loading` until
+    /// its own is loaded); not once a drain or shutdown began.
+    pub fn admits_sessions(&self) -> bool {
+        self.is_ready()
+            || (self.loading_plugins.load(Ordering::Acquire) && !self.accepting.is_cancelled())
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -208,6 +229,20 @@ impl App {
             )))
         })?
         .map_err(LoadError::Plugin)
+    }
+
+    /// Drops compiled components that no tenant runs or may roll back to
+    /// (an upload that was never activated, a version two swaps back): a
+    /// compiled Python component holds 35-94 MiB. The disk keeps them, so
+    /// activating one again loads it in milliseconds.
+    pub fn evict_compiled(&self) -> usize {
+        let keep: std::collections::HashSet<String> = self
+            .tenants
+            .all()
+            .iter()
+            .flat_map(|t| t.plugin_shas())
+            .collect();
+        self.plugins.retain(&keep)
     }
 
     /// Creates the public `demo` tenant's row if absent; returns its new

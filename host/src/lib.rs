@@ -50,6 +50,56 @@ pub fn raise_nofile_limit() -> std::io::Result<u64> {
     rlimit::increase_nofile_limit(u64::MAX)
 }
 
+/// Loads the plugins the start's reconcile deferred, a few at a time (one
+/// per core: compiling is CPU work), each tenant activated as its load
+/// finishes. A load that fails leaves the tenant `plugin_unavailable`, and
+/// later reconcile passes try again.
+async fn load_deferred(app: &Arc<App>) {
+    let loads = std::mem::take(&mut *app.deferred_loads.lock());
+    if loads.is_empty() {
+        return;
+    }
+    let started = std::time::Instant::now();
+    app.loading_plugins
+        .store(true, std::sync::atomic::Ordering::Release);
+    let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let gate = Arc::new(tokio::sync::Semaphore::new(parallel));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (tenant, version) in loads {
+        let (app, gate) = (app.clone(), gate.clone());
+        tasks.spawn(async move {
+            let _turn = gate.acquire_owned().await;
+            let t0 = std::time::Instant::now();
+            let loaded = app.load_plugin(&tenant, version).await;
+            tenant.set_plugin_loading(false);
+            match loaded {
+                // Unless the registry wants another version by now.
+                Ok(p) if tenant.plugin_unavailable() == Some(version) => {
+                    tenant.activate(Some(p));
+                    tracing::info!(tenant = %tenant.id, version, ms = t0.elapsed().as_millis() as u64, "plugin loaded; the tenant serves");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(tenant = %tenant.id, version, error = %e, "the active plugin failed to load; the tenant refuses connections and publishes until it loads")
+                }
+            }
+        });
+    }
+    let n = tasks.len();
+    tokio::select! {
+        _ = async { while tasks.join_next().await.is_some() {} } => {}
+        _ = app.shutdown.cancelled() => {}
+    }
+    app.loading_plugins
+        .store(false, std::sync::atomic::Ordering::Release);
+    app.evict_compiled();
+    tracing::info!(
+        plugins = n,
+        ms = started.elapsed().as_millis() as u64,
+        "plugins of the start loaded"
+    );
+}
+
 /// Binds the listener with an explicit backlog (and SO_REUSEPORT when asked).
 pub fn bind(addr: SocketAddr, backlog: u32, reuse_port: bool) -> std::io::Result<TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
@@ -146,7 +196,9 @@ pub async fn run(
         None => fd_cap,
     };
     metrics::set_capacity(max);
-    let plugins = plugin::Runtime::new().context("starting the plugin runtime")?;
+    // Compiled components survive restarts beside the registry's data.
+    let plugins = plugin::Runtime::with_artifacts(Some(config.data_dir.join("compiled")))
+        .context("starting the plugin runtime")?;
     let cluster = match (&config.cluster, config.database_url.as_deref()) {
         (Some(c), Some(url)) => Some(
             cluster::Cluster::connect(url, c.clone())
@@ -166,8 +218,14 @@ pub async fn run(
     );
     app.cluster = cluster;
     let app = Arc::new(app);
-    // Every tenant, its plugin and its source, as the registry has them.
-    reconcile::all(&app).await.context("loading tenants")?;
+    // Every tenant and its source, as the registry has them; plugins are
+    // loaded once the server listens (`load_deferred`).
+    app.starting
+        .store(true, std::sync::atomic::Ordering::Release);
+    let reconciled = reconcile::all(&app).await.context("loading tenants");
+    app.starting
+        .store(false, std::sync::atomic::Ordering::Release);
+    reconciled?;
     if app.config.demo_tenant {
         if let Some(key) = app
             .ensure_demo_tenant()
@@ -196,8 +254,14 @@ pub async fn run(
     watchers.spawn(flush_conflation(app.clone()));
 
     let router = api::router(app.clone());
-    app.set_ready(true);
     let accept = tokio::spawn(server::accept_loop(app.clone(), listener, router));
+    // Listening: each tenant serves as soon as its plugin is loaded (from
+    // the compiled-component cache on disk, or compiled), and says
+    // `plugin_loading` until then. Ready once all are.
+    load_deferred(&app).await;
+    if !app.shutdown.is_cancelled() {
+        app.set_ready(true);
+    }
 
     shutdown.await;
     app.set_ready(false);

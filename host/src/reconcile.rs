@@ -113,6 +113,7 @@ fn forget(app: &App, id: &str) -> Change {
         Some(t) => {
             source::stop(&t);
             t.shut();
+            app.evict_compiled();
             tracing::info!(tenant = %id, "tenant removed");
             Change::Removed
         }
@@ -154,7 +155,18 @@ async fn apply(app: &Arc<App>, rec: &TenantRecord) -> (Change, Option<Arc<Tenant
         }
     }
     let live = tenant.plugin().map(|p| p.version);
-    if live != rec.active_plugin || (reload && live.is_some()) {
+    let starting = app.starting.load(std::sync::atomic::Ordering::Acquire);
+    if tenant.plugin_loading() {
+        // A background load of the start is running: it activates (or
+        // fails) on its own; the next pass after it settles the rest.
+        tenant.set_wanted_plugin(rec.active_plugin);
+    } else if let (true, true, Some(v)) = (starting, live.is_none(), rec.active_plugin) {
+        // At start the server listens first: the tenant says
+        // `plugin_loading` until `lib::load_deferred` has loaded it.
+        tenant.set_wanted_plugin(Some(v));
+        tenant.set_plugin_loading(true);
+        app.deferred_loads.lock().push((tenant.clone(), v));
+    } else if live != rec.active_plugin || (reload && live.is_some()) {
         match rec.active_plugin {
             None => {
                 tenant.activate(None);
@@ -162,6 +174,7 @@ async fn apply(app: &Arc<App>, rec: &TenantRecord) -> (Change, Option<Arc<Tenant
             Some(v) => match app.load_plugin(&tenant, v).await {
                 Ok(p) => {
                     tenant.activate(Some(p));
+                    app.evict_compiled();
                 }
                 // Until the active version runs here (the next pass tries
                 // again) the tenant refuses connections, publishes and source

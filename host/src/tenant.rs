@@ -367,6 +367,12 @@ pub struct Tenant {
     /// one is not it, the tenant refuses connections, publishes and source
     /// records (`plugin_unavailable`): it never runs as if it had no plugin.
     wanted_plugin: std::sync::atomic::AtomicI64,
+    /// The sha256 of the version the active one replaced: kept compiled for
+    /// a rollback, beside the active one (`App::evict_compiled`).
+    previous_plugin: Mutex<Option<String>>,
+    /// A load of the wanted version is running in the background (at
+    /// start): refusals say `plugin_loading`, not `plugin_unavailable`.
+    plugin_loading: AtomicBool,
     /// Keyed messages waiting for the conflation window to close.
     pub conflator: Mutex<Conflator>,
     /// When the conflation window last closed.
@@ -405,6 +411,8 @@ impl Tenant {
             metrics: TenantMetrics::new(id),
             plugin: RwLock::new(None),
             wanted_plugin: std::sync::atomic::AtomicI64::new(0),
+            previous_plugin: Mutex::new(None),
+            plugin_loading: AtomicBool::new(false),
             conflator: Mutex::new(Conflator::with_limits(
                 crate::fanout::conflate::MAX_HELD,
                 window_bytes,
@@ -435,7 +443,31 @@ impl Tenant {
         let mut g = self.plugin.write();
         self.wanted_plugin
             .store(p.as_ref().map_or(0, |p| p.version), Ordering::Release);
-        std::mem::replace(&mut *g, p)
+        let old = std::mem::replace(&mut *g, p);
+        let same = |a: &Option<Arc<ActivePlugin>>, b: &Option<Arc<ActivePlugin>>| {
+            a.as_ref().map(|p| &p.sha256) == b.as_ref().map(|p| &p.sha256)
+        };
+        if old.is_some() && !same(&old, &g) {
+            *self.previous_plugin.lock() = old.as_ref().map(|p| p.sha256.clone());
+        }
+        old
+    }
+
+    /// The sha256s of the components this tenant runs or may roll back to.
+    pub fn plugin_shas(&self) -> impl Iterator<Item = String> {
+        let active = self.plugin().map(|p| p.sha256.clone());
+        let previous = self.previous_plugin.lock().clone();
+        active.into_iter().chain(previous)
+    }
+
+    /// Marks a background load of the wanted version as running or done.
+    pub fn set_plugin_loading(&self, loading: bool) {
+        self.plugin_loading.store(loading, Ordering::Release);
+    }
+
+    /// Whether the wanted version is still being loaded (at start).
+    pub fn plugin_loading(&self) -> bool {
+        self.plugin_loading.load(Ordering::Acquire)
     }
 
     /// The active version when it is not the one loaded here.

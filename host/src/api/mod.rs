@@ -7,7 +7,7 @@
 //! anything is changed (a bad item in a publish batch publishes nothing).
 
 pub mod admin;
-mod plugins;
+pub mod plugins;
 pub mod publish;
 
 use crate::app::App;
@@ -48,6 +48,9 @@ pub enum ApiError {
     /// The tenant's active plugin is not loaded on this node.
     #[error("the tenant's plugin (version {0}) is not loaded on this node; nothing was published, retry")]
     PluginUnavailable(i64),
+    /// The tenant's active plugin is still loading on this node (at start).
+    #[error("the tenant's plugin (version {0}) is still loading on this node; nothing was published, retry shortly")]
+    PluginLoading(i64),
     /// The tenant's plugin threads and their queue are full.
     #[error("the tenant's plugin is busy; nothing was published, retry")]
     PluginBusy,
@@ -63,7 +66,7 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    fn code(&self) -> &'static str {
+    pub fn code(&self) -> &'static str {
         match self {
             ApiError::BadRequest(_) => "bad_request",
             ApiError::Unauthorized => "unauthorized",
@@ -75,6 +78,7 @@ impl ApiError {
             ApiError::BodyTimeout(_) => "request_timeout",
             ApiError::Unavailable => "unavailable",
             ApiError::PluginUnavailable(_) => "plugin_unavailable",
+            ApiError::PluginLoading(_) => "plugin_loading",
             ApiError::PluginBusy => "plugin_busy",
             ApiError::SourceUnavailable("publish log", _) => "log_unavailable",
             ApiError::SourceUnavailable(..) => "source_unavailable",
@@ -105,9 +109,10 @@ impl IntoResponse for ApiError {
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            ApiError::Unavailable | ApiError::PluginUnavailable(_) | ApiError::PluginBusy => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Unavailable
+            | ApiError::PluginUnavailable(_)
+            | ApiError::PluginLoading(_)
+            | ApiError::PluginBusy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::SourceUnavailable(what, cause) => {
                 tracing::warn!(what, %cause, "publish not confirmed");
                 StatusCode::SERVICE_UNAVAILABLE
@@ -123,6 +128,7 @@ impl IntoResponse for ApiError {
         match &self {
             ApiError::SourceUnavailable(..)
             | ApiError::PluginUnavailable(_)
+            | ApiError::PluginLoading(_)
             | ApiError::PluginBusy => {
                 resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
             }

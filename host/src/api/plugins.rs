@@ -1,6 +1,7 @@
 //! Plugin versions under `/admin/v1/tenants/{t}/plugins`: upload (validated
-//! before it is stored), list, activate (atomic swap; rollback is activating
-//! an older version).
+//! before it is stored; a large one in the background, polled at
+//! `…/uploads/{sha256}`), list, activate (atomic swap; rollback is
+//! activating an older version).
 //!
 //! Invariant: a version is stored only after it compiled, instantiated and
 //! answered `describe` under the tenant's sandbox limits; activation swaps
@@ -33,6 +34,7 @@ pub(super) fn routes() -> Router<Arc<App>> {
             post(activate),
         )
         .route("/tenants/{tenant}/plugins/deactivate", post(deactivate))
+        .route("/tenants/{tenant}/uploads/{sha256}", get(upload_status))
 }
 
 /// No plugin from now on (a plugin that does not load can be set aside:
@@ -60,6 +62,63 @@ impl From<LoadError> for ApiError {
     }
 }
 
+/// Uploads larger than this compile in the background: the answer is 202
+/// with a status to poll (an 18 MB Python component compiles for 11-14 s).
+pub const BACKGROUND_UPLOAD_BYTES: usize = 1 << 20;
+
+/// Where a background upload stands, per (tenant, sha256).
+#[derive(Debug, Clone)]
+pub enum UploadState {
+    Compiling {
+        since_ms: i64,
+    },
+    /// The upload's answer, as the synchronous path gives it.
+    Stored(Value),
+    Failed {
+        code: &'static str,
+        message: String,
+        at_ms: i64,
+    },
+}
+
+/// Background uploads of the last hour, by (tenant, sha256); this node's
+/// only (poll the node that answered 202).
+#[derive(Default)]
+pub struct Uploads(parking_lot::Mutex<std::collections::HashMap<(String, String), UploadState>>);
+
+impl Uploads {
+    fn begin(&self, tenant: &str, sha: &str) -> Option<UploadState> {
+        let mut m = self.0.lock();
+        let hour_ago = now_ms() - 3_600_000;
+        m.retain(|_, s| match s {
+            UploadState::Compiling { .. } => true,
+            UploadState::Failed { at_ms, .. } => *at_ms > hour_ago,
+            UploadState::Stored(v) => v["created_at_ms"].as_i64().unwrap_or(0) > hour_ago,
+        });
+        let key = (tenant.to_string(), sha.to_string());
+        match m.get(&key) {
+            Some(s @ UploadState::Compiling { .. }) => Some(s.clone()),
+            _ => {
+                m.insert(key, UploadState::Compiling { since_ms: now_ms() });
+                None
+            }
+        }
+    }
+
+    fn finish(&self, tenant: &str, sha: &str, state: UploadState) {
+        self.0
+            .lock()
+            .insert((tenant.to_string(), sha.to_string()), state);
+    }
+
+    fn get(&self, tenant: &str, sha: &str) -> Option<UploadState> {
+        self.0
+            .lock()
+            .get(&(tenant.to_string(), sha.to_string()))
+            .cloned()
+    }
+}
+
 async fn upload(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -82,6 +141,75 @@ async fn upload(
             settings.limits.plugin_max_bytes
         )));
     }
+    if body.len() <= BACKGROUND_UPLOAD_BYTES {
+        let answer = store_upload(&app, &id, body).await?;
+        return Ok((StatusCode::CREATED, Json(answer)).into_response());
+    }
+    let sha256 = sha256_hex(&body);
+    let status_url = format!("/admin/v1/tenants/{id}/uploads/{sha256}");
+    let accepted = |since_ms: i64| {
+        let body = json!({"status": "compiling", "sha256": sha256, "since_ms": since_ms, "status_url": status_url});
+        let mut r = (StatusCode::ACCEPTED, Json(body)).into_response();
+        if let Ok(v) = axum::http::HeaderValue::from_str(&status_url) {
+            r.headers_mut().insert(axum::http::header::LOCATION, v);
+        }
+        r
+    };
+    if let Some(UploadState::Compiling { since_ms }) = app.uploads.begin(&id, &sha256) {
+        // The same bytes are compiling already: the same answer.
+        return Ok(accepted(since_ms));
+    }
+    let since = now_ms();
+    let (task_app, task_id, task_sha) = (app.clone(), id.clone(), sha256.clone());
+    app.tracker.spawn(async move {
+        let state = match store_upload(&task_app, &task_id, body).await {
+            Ok(answer) => UploadState::Stored(answer),
+            Err(e) => {
+                tracing::warn!(tenant = %task_id, sha256 = %task_sha, error = %e, "background plugin upload refused");
+                UploadState::Failed {
+                    code: e.code(),
+                    message: e.to_string(),
+                    at_ms: now_ms(),
+                }
+            }
+        };
+        task_app.uploads.finish(&task_id, &task_sha, state);
+    });
+    Ok(accepted(since))
+}
+
+/// `GET …/uploads/{sha256}`: a background upload's state. 200 with
+/// `status` "compiling", "stored" (and the upload's answer: version, hooks…)
+/// or "failed" (and the error); 404 if this node has none.
+async fn upload_status(
+    State(app): State<Arc<App>>,
+    Path((id, sha)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    match app.uploads.get(&id, &sha) {
+        None => Err(ApiError::NotFound(format!(
+            "no upload of {sha} for tenant {id:?} on this node in the last hour"
+        ))),
+        Some(UploadState::Compiling { since_ms }) => Ok(Json(
+            json!({"status": "compiling", "sha256": sha, "since_ms": since_ms}),
+        )),
+        Some(UploadState::Stored(mut answer)) => {
+            answer["status"] = json!("stored");
+            Ok(Json(answer))
+        }
+        Some(UploadState::Failed { code, message, .. }) => Ok(Json(
+            json!({"status": "failed", "sha256": sha, "error": {"code": code, "message": message}}),
+        )),
+    }
+}
+
+/// Compiles, loads and checks a component under the tenant's sandbox, then
+/// stores it as the tenant's next version; the upload's answer.
+async fn store_upload(app: &Arc<App>, id: &str, body: Bytes) -> Result<Value, ApiError> {
+    let tenant = app
+        .tenants
+        .get(id)
+        .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
+    let settings = tenant.settings();
     let sha256 = sha256_hex(&body);
     let activation = Activation {
         version: 0,
@@ -100,7 +228,7 @@ async fn upload(
     .map_err(|e| ApiError::Internal(format!("validation thread failed: {e}")))?
     .map_err(plugin_error)?;
     let rec = PluginRecord {
-        tenant_id: id.clone(),
+        tenant_id: id.to_string(),
         version: 0,
         sha256: sha256.clone(),
         size_bytes: body.len() as i64,
@@ -110,18 +238,22 @@ async fn upload(
         created_at_ms: now_ms(),
     };
     let version = app.registry.add_plugin(&rec, &body).await?;
+    let (contract, encoding) = (checked.info.contract, checked.info.encoding);
+    // Compiled and on disk: it need not stay in memory until activated.
+    drop(checked);
+    app.evict_compiled();
     tracing::info!(tenant = %id, version, %sha256, name = %rec.name, "plugin version uploaded");
-    let body = json!({
+    Ok(json!({
         "version": version,
         "sha256": sha256,
         "size_bytes": rec.size_bytes,
         "name": rec.name,
         "plugin_version": rec.plugin_version,
         "hooks": rec.hooks,
-        "contract": checked.info.contract,
-        "transform_encoding": checked.info.hooks.transform.then_some(checked.info.encoding),
-    });
-    Ok((StatusCode::CREATED, Json(body)).into_response())
+        "contract": contract,
+        "transform_encoding": rec.hooks["transform"].as_bool().unwrap_or(false).then_some(encoding),
+        "created_at_ms": rec.created_at_ms,
+    }))
 }
 
 async fn list(
@@ -144,6 +276,8 @@ async fn list(
                 "hooks": p.hooks,
                 "created_at_ms": p.created_at_ms,
                 "active": tenant.active_plugin == Some(p.version),
+                // Compiled in this node's memory (else on disk, or not yet).
+                "compiled": app.plugins.is_compiled(&p.sha256),
             })
         })
         .collect();
@@ -169,6 +303,7 @@ async fn activate(
         tenant.activate(Some(loaded)).map(|p| p.version)
     };
     tracing::info!(tenant = %id, version, ?previous, "plugin version activated");
+    app.evict_compiled();
     Ok(Json(
         json!({ "active": version, "previous": previous, "name": info.name, "hooks": info.hooks, "contract": info.contract }),
     ))

@@ -220,6 +220,10 @@ async fn publish(
         Err(_) => return Err(ApiError::BodyTimeout(BODY_TIMEOUT)),
     };
     if let Some(version) = tenant.plugin_unavailable() {
+        if tenant.plugin_loading() {
+            tenant.metrics.publish_rejected("plugin_loading");
+            return Err(ApiError::PluginLoading(version));
+        }
         tenant.metrics.publish_rejected("plugin_unavailable");
         return Err(ApiError::PluginUnavailable(version));
     }

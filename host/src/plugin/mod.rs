@@ -10,6 +10,7 @@
 //! panic the host.
 
 pub mod active;
+mod artifacts;
 pub mod batch;
 pub mod wasi;
 
@@ -294,8 +295,11 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<StoreState>,
     /// One cell per sha256: a second caller of the same bytes waits for the
-    /// first one's compilation instead of compiling them again.
+    /// first one's compilation instead of compiling them again. Entries no
+    /// tenant runs or may roll back to are evicted ([`Runtime::retain`]).
     cache: Mutex<HashMap<[u8; 32], Arc<Compiled>>>,
+    /// Where compiled components are kept across restarts (`None`: not).
+    artifacts: Option<std::path::PathBuf>,
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -303,7 +307,18 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 impl Runtime {
+    /// A runtime that keeps compiled components in memory only.
     pub fn new() -> anyhow::Result<Arc<Runtime>> {
+        Runtime::with_artifacts(None)
+    }
+
+    /// A runtime that also keeps compiled components in `dir`, by sha256,
+    /// so a restart loads them instead of compiling again.
+    pub fn with_artifacts(dir: Option<std::path::PathBuf>) -> anyhow::Result<Arc<Runtime>> {
+        if let Some(d) = &dir {
+            std::fs::create_dir_all(d)
+                .map_err(|e| anyhow::anyhow!("creating {}: {e}", d.display()))?;
+        }
         let mut cfg = wasmtime::Config::new();
         cfg.wasm_component_model(true);
         cfg.epoch_interruption(true);
@@ -329,7 +344,26 @@ impl Runtime {
             engine,
             linker,
             cache: Mutex::new(HashMap::new()),
+            artifacts: dir,
         }))
+    }
+
+    /// Whether the component with this sha256 (hex) is compiled in memory.
+    pub fn is_compiled(&self, sha256: &str) -> bool {
+        self.cache
+            .lock()
+            .iter()
+            .any(|(d, c)| c.get().is_some_and(Result::is_ok) && crate::app::hex(d) == sha256)
+    }
+
+    /// Forgets compiled components whose sha256 (hex) is not in `keep`;
+    /// one being compiled stays. Returns how many are left.
+    pub fn retain(&self, keep: &std::collections::HashSet<String>) -> usize {
+        let mut cache = self.cache.lock();
+        cache
+            .retain(|digest, cell| cell.get().is_none() || keep.contains(&crate::app::hex(digest)));
+        metrics::gauge!("herald_plugin_compiled_versions").set(cache.len() as f64);
+        cache.len()
     }
 
     /// Compiles a component (CPU-heavy: call from a blocking thread), or
@@ -339,8 +373,18 @@ impl Runtime {
     pub fn compile(&self, bytes: &[u8]) -> Result<Component, PluginError> {
         let digest: [u8; 32] = Sha256::digest(bytes).into();
         let cell = self.cache.lock().entry(digest).or_default().clone();
-        let compiled =
-            cell.get_or_init(|| Component::new(&self.engine, bytes).map_err(|e| format!("{e:#}")));
+        let compiled = cell.get_or_init(|| {
+            if let Some(c) = artifacts::load(&self.engine, self.artifacts.as_deref(), &digest) {
+                metrics::counter!("herald_plugin_compiles_total", "from" => "disk").increment(1);
+                return Ok(c);
+            }
+            let started = std::time::Instant::now();
+            let c = Component::new(&self.engine, bytes).map_err(|e| format!("{e:#}"))?;
+            metrics::counter!("herald_plugin_compiles_total", "from" => "compile").increment(1);
+            tracing::info!(sha256 = %crate::app::hex(&digest), bytes = bytes.len(), ms = started.elapsed().as_millis() as u64, "plugin component compiled");
+            artifacts::store(self.artifacts.as_deref(), &digest, &c);
+            Ok(c)
+        });
         match compiled {
             Ok(c) => Ok(c.clone()),
             Err(e) => {

@@ -266,7 +266,7 @@ enum Admission {
 }
 
 fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused> {
-    if !app.is_ready() {
+    if !app.admits_sessions() {
         metrics::refused_global(Refusal::ShuttingDown.as_str());
         return Err(busy(
             Refusal::ShuttingDown.as_str(),
@@ -289,6 +289,13 @@ fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused
         ));
     }
     if let Some(version) = t.plugin_unavailable() {
+        if t.plugin_loading() {
+            t.metrics.refused("plugin_loading");
+            return Err(busy(
+                "plugin_loading",
+                &format!("the tenant's plugin (version {version}) is still loading on this node; retry shortly"),
+            ));
+        }
         t.metrics.refused("plugin_unavailable");
         return Err(Refused::new(
             StatusCode::SERVICE_UNAVAILABLE,

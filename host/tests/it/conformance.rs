@@ -340,3 +340,171 @@ async fn a_channel_may_be_left_out_only_for_a_transform() {
     );
     h.stop().await;
 }
+
+/// Starts a host on `data_dir` without waiting for readiness: it answers
+/// /healthz as soon as it listens.
+async fn start_listening(data_dir: std::path::PathBuf, dir: Option<tempfile::TempDir>) -> Host {
+    let mut opts = HostOptions::new();
+    opts.config.data_dir = data_dir;
+    opts.dir = dir;
+    let (host, _) = spawn_unready(opts).await;
+    host
+}
+
+/// Issue 12: a restart does not compile again what it compiled before (the
+/// artifacts on disk are loaded), listens before any plugin is loaded, and
+/// a tenant whose plugin is still compiling answers 503 `plugin_loading`
+/// with Retry-After while the others serve; once loaded it serves too.
+#[tokio::test]
+async fn a_restart_listens_at_once_and_reuses_compiled_plugins() {
+    let h = spawn_host().await;
+    let key_small = h.public_tenant("small").await;
+    h.install_plugin("small", "ticker_conflate").await;
+    let key_plain = h.public_tenant("plain").await;
+    let _ = tenant(&h, "big", "python").await;
+    let compiled = h.data_dir.join("compiled");
+    let artifact = |sha: &str| compiled.join(format!("{sha}.cwasm"));
+    let (_, list) = h
+        .admin(
+            reqwest::Method::GET,
+            "/admin/v1/tenants/small/plugins",
+            None,
+        )
+        .await;
+    let small_sha = list["versions"][0]["sha256"].as_str().unwrap().to_string();
+    let (_, list) = h
+        .admin(reqwest::Method::GET, "/admin/v1/tenants/big/plugins", None)
+        .await;
+    let big_sha = list["versions"][0]["sha256"].as_str().unwrap().to_string();
+    use std::os::unix::fs::MetadataExt;
+    let inode = std::fs::metadata(artifact(&small_sha))
+        .expect("kept on disk")
+        .ino();
+    assert!(artifact(&big_sha).exists());
+
+    // Restart with the big one's artifact gone: it must compile again.
+    let data_dir = h.data_dir.clone();
+    let dir = h.stop().await;
+    std::fs::remove_file(artifact(&big_sha)).unwrap();
+    let h = start_listening(data_dir, dir).await;
+    let (s, v) = h
+        .ws_with("big", "token=tok-alice")
+        .await
+        .err()
+        .expect("still loading");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("plugin_loading")),
+        "{v}"
+    );
+    let (s, v) = publish_raw(&h, "big", "x", "{}".into()).await;
+    assert_eq!(s, 401, "the key is checked first: {v}");
+    // The tenant without a plugin serves while the other compiles.
+    let mut ws = h.ws("plain").await;
+    ws.sub("c", 1).await;
+    let (s, _) = h
+        .publish("plain", &key_plain, json!({"ch":"c","data":1}))
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(ws.next().await["data"], 1);
+    // Ready once every plugin is loaded; then the big one serves.
+    wait_ready(&h).await;
+    h.ws_with("big", "token=tok-alice").await.expect("loaded");
+    let (s, v) = h
+        .publish(
+            "small",
+            &key_small,
+            json!({"ch":"ticks.A","data":{"sym":"A","px":1}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        std::fs::metadata(artifact(&small_sha)).unwrap().ino(),
+        inode,
+        "the small one was loaded from disk, not compiled and written again"
+    );
+    assert!(artifact(&big_sha).exists(), "compiled again and kept");
+    h.stop().await;
+}
+
+/// Issue 12: a large upload is answered at once (202 and a status to
+/// poll) and compiles in the background; the same bytes uploaded again
+/// meanwhile get the same answer; the status ends "stored" with the
+/// version, and compiled versions nobody runs are evicted from memory.
+#[tokio::test]
+async fn a_large_upload_compiles_in_the_background() {
+    let h = spawn_host().await;
+    h.tenant(json!({"id":"bg","access":"public"})).await;
+    let url = h.url("/admin/v1/tenants/bg/plugins");
+    let bytes = example_component("js");
+    assert!(bytes.len() > 1 << 20);
+    let t = std::time::Instant::now();
+    let (s, first) = upload_once(&h.http, &url, bytes.clone()).await;
+    assert_eq!(s, 202, "{first}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "answered before compiling"
+    );
+    assert_eq!(first["status"], "compiling");
+    let (s, again) = upload_once(&h.http, &url, bytes).await;
+    assert_eq!(
+        (s, &again["status_url"]),
+        (202, &first["status_url"]),
+        "{again}"
+    );
+    let path = first["status_url"].as_str().unwrap();
+    let stored = loop {
+        let (s, v) = h.admin(reqwest::Method::GET, path, None).await;
+        assert_eq!(s, 200, "{v}");
+        if v["status"] != "compiling" {
+            break v;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(180), "{v}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(stored["status"], "stored", "{stored}");
+    assert_eq!(
+        stored["version"], 1,
+        "one version for both uploads: {stored}"
+    );
+    assert_eq!(stored["name"], "herald-example-js");
+    let (s, _) = h
+        .admin(
+            reqwest::Method::GET,
+            "/admin/v1/tenants/bg/uploads/00",
+            None,
+        )
+        .await;
+    assert_eq!(s, 404);
+    // Stored, not active: not kept compiled in memory (the disk has it).
+    let compiled = |v: Value| v["versions"][0]["compiled"].as_bool();
+    let (_, list) = h
+        .admin(reqwest::Method::GET, "/admin/v1/tenants/bg/plugins", None)
+        .await;
+    assert_eq!(compiled(list), Some(false));
+    h.activate("bg", 1).await;
+    let (_, list) = h
+        .admin(reqwest::Method::GET, "/admin/v1/tenants/bg/plugins", None)
+        .await;
+    assert_eq!(compiled(list), Some(true));
+    h.stop().await;
+}
+
+/// The C bindings are generated once and checked in (building a C plugin
+/// needs no Rust toolchain): they must be those of today's WIT.
+#[test]
+fn c_bindings_match_the_wit() {
+    use sha2::Digest;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let wit = std::fs::read(root.join("sdk/wit/herald.wit")).unwrap();
+    let recorded = std::fs::read_to_string(root.join("sdk/c/bindings/WIT.sha256")).unwrap();
+    let hex: String = sha2::Sha256::digest(&wit)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(
+        recorded.trim(),
+        hex,
+        "sdk/wit/herald.wit changed: regenerate sdk/c/bindings (see its README.md)"
+    );
+}

@@ -49,6 +49,13 @@ pub async fn spawn_host() -> Host {
 }
 
 pub async fn spawn_with(opts: HostOptions) -> Host {
+    let (host, _) = spawn_unready(opts).await;
+    wait_ready(&host).await;
+    host
+}
+
+/// Starts a host and returns once it listens (/healthz), before it is ready.
+pub async fn spawn_unready(opts: HostOptions) -> (Host, ()) {
     let listener = herald::bind("127.0.0.1:0".parse().unwrap(), 1024, false).unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel();
@@ -66,9 +73,28 @@ pub async fn spawn_with(opts: HostOptions) -> Host {
     };
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        if let Ok(r) = host.http.get(host.url("/readyz")).send().await {
+        if let Ok(r) = host.http.get(host.url("/healthz")).send().await {
             if r.status() == 200 {
                 break;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "host did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (host, ())
+}
+
+/// Waits for /readyz (every plugin of the start loaded; compiling a large
+/// one takes seconds).
+pub async fn wait_ready(host: &Host) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(r) = host.http.get(host.url("/readyz")).send().await {
+            if r.status() == 200 {
+                return;
             }
         }
         assert!(
@@ -77,7 +103,6 @@ pub async fn spawn_with(opts: HostOptions) -> Host {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    host
 }
 
 impl Host {
@@ -241,7 +266,40 @@ async fn publish_at(http: &reqwest::Client, url: &str, key: &str, body: Value) -
 }
 
 /// `POST url` with the admin token and a component's bytes; (status, body).
+/// Uploads a component. A large one is accepted (202) and compiled in the
+/// background: this polls its status and answers as the synchronous path
+/// would (201 and the version, or 422 and the error).
 async fn upload_at(http: &reqwest::Client, url: &str, bytes: Vec<u8>) -> (u16, Value) {
+    let (s, v) = upload_once(http, url, bytes).await;
+    if s != 202 {
+        return (s, v);
+    }
+    let origin = url.split("/admin/").next().unwrap_or_default();
+    let status_url = format!("{origin}{}", v["status_url"].as_str().unwrap());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let r = http
+            .get(&status_url)
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        match v["status"].as_str() {
+            Some("stored") => return (201, v),
+            Some("failed") => return (422, v),
+            _ => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "upload still compiling: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One upload request: (status, body), 202 included.
+pub async fn upload_once(http: &reqwest::Client, url: &str, bytes: Vec<u8>) -> (u16, Value) {
     let r = http
         .post(url)
         .bearer_auth(ADMIN)

@@ -235,7 +235,8 @@ extern void herald_plugin_host_log(herald_plugin_host_level_t level, plugin_stri
 // not depend on it (see the interface `types`).
 extern uint64_t herald_plugin_host_now_ms(void);
 // The tenant's JSON config, as set through the admin API ("{}" if
-// none).
+// none). The same for the life of an instance: a config change loads
+// the plugin again, in new instances, so it may be parsed once.
 extern void herald_plugin_host_config(plugin_string_t *ret);
 
 // Exported Functions from `herald:plugin/guest@0.2.0`
