@@ -19,9 +19,13 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once, at start
 pub enum Command {
     /// Start the server.
     Serve(ServeArgs),
+    /// Write, build and try plugins without a server.
+    #[command(subcommand)]
+    Plugin(crate::cli::PluginCommand),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -434,7 +438,9 @@ impl Config {
     /// as the command line would give them.
     pub fn for_data_dir(data_dir: impl Into<PathBuf>) -> Config {
         let cli = Cli::parse_from(["herald", "serve"]);
-        let Command::Serve(args) = cli.command;
+        let Command::Serve(args) = cli.command else {
+            unreachable!("parsed from \"serve\"")
+        };
         let mut c = args.to_config().expect("defaults are valid");
         c.data_dir = data_dir.into();
         c
@@ -448,7 +454,9 @@ mod tests {
     fn parse(args: &[&str]) -> Result<Config, String> {
         let mut v = vec!["herald", "serve"];
         v.extend_from_slice(args);
-        let Command::Serve(a) = Cli::try_parse_from(v).map_err(|e| e.to_string())?.command;
+        let Command::Serve(a) = Cli::try_parse_from(v).map_err(|e| e.to_string())?.command else {
+            unreachable!("parsed from \"serve\"")
+        };
         a.to_config()
     }
 

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod app;
+pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod fanout;

@@ -6,7 +6,20 @@ use herald::config::{Cli, Command};
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let Command::Serve(args) = cli.command;
+    let args = match cli.command {
+        Command::Serve(args) => args,
+        Command::Plugin(cmd) => {
+            let done = match &cmd {
+                herald::cli::PluginCommand::New(a) => herald::cli::new(a),
+                herald::cli::PluginCommand::Test(a) => herald::cli::test(a),
+            };
+            if let Err(e) = done {
+                eprintln!("herald: {e:#}");
+                std::process::exit(1);
+            }
+            return Ok(());
+        }
+    };
     let config = match args.to_config() {
         Ok(c) => c,
         Err(e) => {

@@ -61,6 +61,20 @@ thread_local! {
     /// Set while a call runs inline on a runtime worker: `call` then gives
     /// it the inline budget instead of its deadline.
     static INLINE_CALL: Cell<bool> = const { Cell::new(false) };
+    /// `herald plugin test`: keep what each call on this thread wrote.
+    static KEEP_OUTPUT: Cell<bool> = const { Cell::new(false) };
+    static LAST_OUTPUT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Makes calls on this thread keep their guest output, successful or not,
+/// for [`take_output`] (the server keeps only a failed call's, in its error).
+pub fn keep_output(on: bool) {
+    KEEP_OUTPUT.set(on);
+}
+
+/// What the calls on this thread wrote since the last take.
+pub fn take_output() -> String {
+    LAST_OUTPUT.with_borrow_mut(std::mem::take)
 }
 
 /// Whether a call that finds every plugin thread busy may wait.
@@ -256,7 +270,19 @@ impl ActivePlugin {
         // that survived a refused growth must not make a later trap look
         // like a memory failure.
         state.limiter.hit = false;
-        match f(&mut inst.store, &inst.plugin) {
+        let result = f(&mut inst.store, &inst.plugin);
+        if KEEP_OUTPUT.get() {
+            let text = inst.store.data().output.text();
+            LAST_OUTPUT.with_borrow_mut(|o| {
+                if !text.is_empty() {
+                    if !o.is_empty() {
+                        o.push('\n');
+                    }
+                    o.push_str(&text);
+                }
+            });
+        }
+        match result {
             Ok(v) => {
                 // Garbage-collected guests never give memory back: recycle an
                 // instance past three quarters of its cap.

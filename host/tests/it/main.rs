@@ -1,6 +1,7 @@
 //! Integration tests: one binary, real sockets, a real registry.
 
 mod bad_input;
+mod cli;
 mod cluster;
 mod conformance;
 mod frontdoor;
