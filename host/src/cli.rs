@@ -242,10 +242,18 @@ fn read_records(path: &Path) -> anyhow::Result<Vec<OwnedRecord>> {
         }
         let at = || format!("{}:{}", path.display(), n + 1);
         let v: Value = serde_json::from_str(line).with_context(at)?;
-        let value = match (&v["value"], &v["text"]) {
-            (Value::Null, Value::String(t)) => t.clone().into_bytes(),
-            (Value::Null, Value::Null) => bail!("{}: a record needs \"value\" or \"text\"", at()),
-            (value, Value::Null) => serde_json::to_vec(value)?,
+        // The value's JSON as written (key order, number forms), as an
+        // HTTP publish passes `data` on.
+        #[derive(serde::Deserialize)]
+        struct Raw<'a> {
+            #[serde(borrow)]
+            value: Option<&'a serde_json::value::RawValue>,
+        }
+        let raw: Raw<'_> = serde_json::from_str(line).with_context(at)?;
+        let value = match (raw.value, &v["text"]) {
+            (None, Value::String(t)) => t.clone().into_bytes(),
+            (None, _) => bail!("{}: a record needs \"value\" or \"text\"", at()),
+            (Some(value), Value::Null) => value.get().as_bytes().to_vec(),
             _ => bail!("{}: \"value\" or \"text\", not both", at()),
         };
         let string = |f: &str| -> anyhow::Result<Option<String>> {

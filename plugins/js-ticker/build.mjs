@@ -1,4 +1,4 @@
-// Builds ticker.js into a herald:plugin@0.1.0 component (StarlingMonkey
+// Builds ticker.js into a herald:plugin@0.2.0 component (StarlingMonkey
 // engine inside, about 12 MB) at ../target/js/ticker_js.wasm.
 import { componentize } from '@bytecodealliance/componentize-js';
 import { copyFile, mkdir, writeFile } from 'node:fs/promises';

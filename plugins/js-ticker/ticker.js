@@ -12,14 +12,19 @@ export const guest = {
     return {
       name: "ticker-conflate-js",
       version: "0.1.0",
-      hooks: { authorizeConnect: false, authorizeSubscribe: false, transform: true, merge: false },
+      hooks: { authorizeConnect: false, authorizeSubscribe: false, transform: false, transformFlat: true, merge: false },
     };
   },
   authorizeConnect(_req) {
     return { subject: "anonymous", audience: undefined, attributes: [] };
   },
   authorizeSubscribe(_session, _channel) {},
-  transform(batch) {
+  // herald:plugin@0.2.0: this plugin declares the flat transform (one
+  // buffer each way, the cheapest in JS too); the typed one is never called.
+  transform(_records) {
+    throw new Error("ticker-conflate-js declares transform-flat");
+  },
+  transformFlat(batch) {
     const data = batch.data;
     const meta = batch.meta;
     const outMeta = [];
