@@ -54,7 +54,8 @@ pub fn raise_nofile_limit() -> std::io::Result<u64> {
 /// Loads the plugins the start's reconcile deferred, a few at a time (one
 /// per core: compiling is CPU work), each tenant activated as its load
 /// finishes. A load that fails leaves the tenant `plugin_unavailable`, and
-/// later reconcile passes try again.
+/// later reconcile passes try again. Dropped (a stop during the loads), the
+/// loads still running are abandoned with their tasks.
 async fn load_deferred(app: &Arc<App>) {
     let loads = std::mem::take(&mut *app.deferred_loads.lock());
     if loads.is_empty() {
@@ -87,10 +88,7 @@ async fn load_deferred(app: &Arc<App>) {
         });
     }
     let n = tasks.len();
-    tokio::select! {
-        _ = async { while tasks.join_next().await.is_some() {} } => {}
-        _ = app.shutdown.cancelled() => {}
-    }
+    while tasks.join_next().await.is_some() {}
     app.loading_plugins
         .store(false, std::sync::atomic::Ordering::Release);
     app.evict_compiled();
@@ -259,12 +257,15 @@ pub async fn run(
     // Listening: each tenant serves as soon as its plugin is loaded (from
     // the compiled-component cache on disk, or compiled), and says
     // `plugin_loading` until then. Ready once all are.
-    load_deferred(&app).await;
-    if !app.shutdown.is_cancelled() {
-        app.set_ready(true);
+    // A stop asked for meanwhile is not kept waiting for a compile.
+    let mut shutdown = std::pin::pin!(shutdown);
+    tokio::select! {
+        _ = load_deferred(&app) => {
+            app.set_ready(true);
+            shutdown.as_mut().await;
+        }
+        _ = shutdown.as_mut() => {}
     }
-
-    shutdown.await;
     app.set_ready(false);
     let drain = app.config.drain;
     if !drain.wait.is_zero() {

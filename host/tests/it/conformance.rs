@@ -424,7 +424,25 @@ async fn a_restart_listens_at_once_and_reuses_compiled_plugins() {
         "the small one was loaded from disk, not compiled and written again"
     );
     assert!(artifact(&big_sha).exists(), "compiled again and kept");
+
+    // A stop while a plugin compiles is not kept waiting for the compile.
+    let data_dir = h.data_dir.clone();
+    let dir = h.stop().await;
+    std::fs::remove_file(artifact(&big_sha)).unwrap();
+    let h = start_listening(data_dir, dir).await;
+    let (s, _) = h
+        .ws_with("big", "token=tok-alice")
+        .await
+        .err()
+        .expect("still loading");
+    assert_eq!(s, 503);
+    let t = std::time::Instant::now();
     h.stop().await;
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(3),
+        "the stop waited {:?}",
+        t.elapsed()
+    );
 }
 
 /// Issue 12: a large upload is answered at once (202 and a status to
