@@ -73,7 +73,6 @@ async fn load_deferred(app: &Arc<App>) {
             let _turn = gate.acquire_owned().await;
             let t0 = std::time::Instant::now();
             let loaded = app.load_plugin(&tenant, version).await;
-            tenant.set_plugin_loading(false);
             match loaded {
                 // Unless the registry wants another version by now.
                 Ok(p) if tenant.plugin_unavailable() == Some(version) => {
@@ -85,6 +84,10 @@ async fn load_deferred(app: &Arc<App>) {
                     tracing::error!(tenant = %tenant.id, version, error = %e, "the active plugin failed to load; the tenant refuses connections and publishes until it loads")
                 }
             }
+            // Only now: cleared before the activation, a request between
+            // the two would be told `plugin_unavailable` for a plugin that
+            // is about to serve.
+            tenant.set_plugin_loading(false);
         });
     }
     let n = tasks.len();
