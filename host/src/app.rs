@@ -262,7 +262,11 @@ impl App {
             updated_at_ms: now_ms(),
             active_plugin: None,
             conflation: serde_json::json!({}),
-            source: serde_json::json!({"kind": "http"}),
+            // The demo page's badge turns "stalled" when its publisher stops.
+            source: match self.cluster {
+                None => serde_json::json!({"kind": "http", "stall_after_ms": 3000}),
+                Some(_) => serde_json::json!({"kind": "http"}),
+            },
             allowed_origins: serde_json::Value::Null,
         };
         self.registry.create_tenant(&rec).await?;

@@ -45,9 +45,15 @@ pub struct ServeArgs {
     /// Bearer token `/metrics` requires (it lists every tenant id); open when absent.
     #[arg(long, env = "HERALD_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<String>,
-    /// Create a public tenant `demo` if it does not exist, and print its publish key.
+    /// The demo: create a public tenant `demo` if it does not exist (and
+    /// print its publish key), serve the live ticker page at `/` (and the
+    /// browser client at `/herald.js`), and publish ticks into it.
     #[arg(long, env = "HERALD_DEMO")]
     pub demo: bool,
+    /// With `--demo`: publish a tick for each demo symbol this often; 0: no
+    /// built-in publisher (feed it with examples/ticker.sh).
+    #[arg(long, env = "HERALD_DEMO_INTERVAL_MS", default_value_t = 500)]
+    pub demo_interval_ms: u64,
     /// Listen backlog (the kernel caps it at net.core.somaxconn).
     #[arg(long, env = "HERALD_LISTEN_BACKLOG", default_value_t = 4096)]
     pub listen_backlog: u32,
@@ -229,6 +235,8 @@ pub struct Config {
     /// `/metrics` requires this bearer token when set.
     pub metrics_token: Option<String>,
     pub demo_tenant: bool,
+    /// The demo's built-in publisher; `None`: off.
+    pub demo_interval: Option<Duration>,
     /// `None`: derived from the open-files limit at start.
     pub max_connections: Option<usize>,
     pub memory_budget_bytes: Option<u64>,
@@ -381,6 +389,8 @@ impl ServeArgs {
             admin_token: self.admin_token.clone(),
             metrics_token: self.metrics_token.clone(),
             demo_tenant: self.demo,
+            demo_interval: (self.demo && self.demo_interval_ms > 0)
+                .then(|| Duration::from_millis(self.demo_interval_ms)),
             max_connections: self.max_connections,
             memory_budget_bytes: self.memory_budget_mib.map(|m| m * 1024 * 1024),
             max_pending_connections: self.max_pending_connections,

@@ -9,6 +9,7 @@ pub mod app;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod demo;
 pub mod fanout;
 #[cfg(test)]
 mod fuzz;
@@ -238,6 +239,9 @@ pub async fn run(
                 .await
                 .context("loading the demo tenant")?;
             println!("herald: created public tenant \"demo\"; its publish key (shown once): {key}");
+        }
+        if let Some(every) = app.config.demo_interval {
+            app.tracker.spawn(demo::publish(app.clone(), every));
         }
     }
     let addr = listener.local_addr()?;

@@ -135,7 +135,7 @@ async fn apply(app: &Arc<App>, rec: &TenantRecord) -> (Change, Option<Arc<Tenant
         Ok(s) => s,
         Err(e) => {
             tracing::error!(tenant = %rec.id, error = %e, "stored source is invalid; the tenant ingests over HTTP only");
-            SourceConfig::Http
+            SourceConfig::default()
         }
     };
     let (tenant, mut change) = match app.tenants.get(&rec.id) {

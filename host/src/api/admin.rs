@@ -297,7 +297,21 @@ async fn set_source(
     // A tenant of the registry: the checks below take a while.
     app.registry.get_tenant(&id).await?;
     match &config {
-        SourceConfig::Http => {}
+        SourceConfig::Http {
+            stall_after_ms: Some(ms),
+        } => {
+            if app.cluster.is_some() {
+                return Err(ApiError::Unprocessable(
+                    "stall_after_ms is for a node of its own; in cluster mode the shared log's health is the source's".into(),
+                ));
+            }
+            if !(100..=86_400_000).contains(ms) {
+                return Err(ApiError::BadRequest(
+                    "stall_after_ms must be 100 to 86400000 (one day)".into(),
+                ));
+            }
+        }
+        SourceConfig::Http { .. } => {}
         SourceConfig::PostgresOutbox {
             database_url,
             table,

@@ -7,6 +7,7 @@
 //! anything is changed (a bad item in a publish batch publishes nothing).
 
 pub mod admin;
+pub mod ops;
 pub mod plugins;
 pub mod publish;
 
@@ -165,9 +166,16 @@ async fn require_admin(State(app): State<Arc<App>>, req: Request, next: Next) ->
 pub fn router(app: Arc<App>) -> Router {
     let admin = admin::routes()
         .merge(plugins::routes())
+        .merge(ops::routes())
         .route_layer(middleware::from_fn_with_state(app.clone(), require_admin));
+    let demo = if app.config.demo_tenant {
+        crate::demo::routes()
+    } else {
+        Router::new()
+    };
     Router::new()
         .nest("/admin/v1", admin)
+        .merge(demo)
         .merge(publish::routes())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))

@@ -34,6 +34,7 @@ pub(super) fn routes() -> Router<Arc<App>> {
             post(activate),
         )
         .route("/tenants/{tenant}/plugins/deactivate", post(deactivate))
+        .route("/tenants/{tenant}/plugins/rollback", post(rollback))
         .route("/tenants/{tenant}/uploads/{sha256}", get(upload_status))
 }
 
@@ -284,6 +285,20 @@ async fn list(
     Ok(Json(
         json!({ "active": tenant.active_plugin, "versions": versions }),
     ))
+}
+
+/// Activates the version that was active before the current one (a second
+/// rollback undoes the first).
+async fn rollback(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let Some(version) = app.registry.previous_plugin(&id).await? else {
+        return Err(ApiError::Conflict(format!(
+            "tenant {id:?} has no previous plugin version to roll back to"
+        )));
+    };
+    activate(State(app), Path((id, version))).await
 }
 
 async fn activate(

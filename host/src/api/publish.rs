@@ -219,6 +219,16 @@ async fn publish(
         }
         Err(_) => return Err(ApiError::BodyTimeout(BODY_TIMEOUT)),
     };
+    publish_body(&app, &tenant, &body).await
+}
+
+/// Publishes a body whose key was accepted: the one path of HTTP publish
+/// (and of the demo's built-in publisher), whatever the tenant's source.
+pub(crate) async fn publish_body(
+    app: &App,
+    tenant: &Arc<Tenant>,
+    body: &[u8],
+) -> Result<Response, ApiError> {
     if let Some(version) = tenant.plugin_unavailable() {
         if tenant.plugin_loading() {
             tenant.metrics.publish_rejected("plugin_loading");
@@ -239,28 +249,27 @@ async fn publish(
         return Err(ApiError::SourceNotHttp(tenant.id.to_string(), source));
     }
     let transform = tenant.plugin().is_some_and(|p| p.info.hooks.transform);
-    let (items, batch) = read_items(
-        &body,
-        tenant.settings().limits.max_message_bytes,
-        !transform,
-    )
-    .inspect_err(|e| {
-        if matches!(e, ItemsError::TooBig(_)) {
-            tenant.metrics.publish_rejected("too_big");
-        }
-    })
-    .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let (items, batch) = read_items(body, tenant.settings().limits.max_message_bytes, !transform)
+        .inspect_err(|e| {
+            if matches!(e, ItemsError::TooBig(_)) {
+                tenant.metrics.publish_rejected("too_big");
+            }
+        })
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     if let Err(wait) = tenant.take_publish_tokens(items.len() as u32) {
         tenant.metrics.publish_rejected("rate_limited");
         return Err(ApiError::RateLimited(wait));
     }
     if let Some(kafka) = kafka {
-        return produced(&kafka, &tenant, &items, batch).await;
+        return produced(&kafka, tenant, &items, batch).await;
     }
     if let Some(cluster) = &app.cluster {
-        return logged(cluster, &tenant, &items, batch).await;
+        return logged(cluster, tenant, &items, batch).await;
     }
     let now = now_ms() as u64;
+    // The publisher is heard: a source stalled by its silence is live
+    // again, told before the message it brings.
+    crate::source::http_published(tenant, items.len());
     let run = {
         let tenant = tenant.clone();
         move || {
@@ -279,7 +288,7 @@ async fn publish(
         }
     };
     // Where plugin work runs, and when a batch may be retried: ingest::run_batch.
-    let outcomes = ingest::run_batch(&tenant, crate::plugin::active::Patience::Bounded, run)
+    let outcomes = ingest::run_batch(tenant, crate::plugin::active::Patience::Bounded, run)
         .await
         .map_err(|e| match e {
             PluginError::Busy(_) => {

@@ -184,6 +184,32 @@ pub struct SubscribeResult {
     pub replayed: usize,
 }
 
+/// A channel's history as the admin API shows it (`Hub::history`).
+#[derive(Debug)]
+pub struct HistoryView {
+    pub epoch: u64,
+    /// The channel's last position.
+    pub head: u64,
+    /// The oldest position history still holds.
+    pub oldest: Option<u64>,
+    /// Each position's frames: one per audience variant (and `prev`).
+    pub positions: Vec<Box<[Arc<Published>]>>,
+}
+
+impl Published {
+    /// The message as a JSON object (`{"op":"msg","ch",…}`): the text of
+    /// its WebSocket frame (server frames are unmasked).
+    pub fn json(&self) -> &[u8] {
+        let len7 = self.ws.get(1).map_or(0, |b| b & 0x7f);
+        let start = match len7 {
+            126 => 4,
+            127 => 10,
+            _ => 2,
+        };
+        self.ws.get(start..).unwrap_or_default()
+    }
+}
+
 /// Counts of what a publish did, for metrics.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PublishReport {
@@ -610,6 +636,36 @@ impl Hub {
         }
         c.trim(limits, now_ms, &self.history_bytes);
         Ok((seq, report))
+    }
+
+    /// What `ch`'s history holds after `since`, oldest first, at most
+    /// `limit` positions (each with all its variants); `None` when the
+    /// channel does not exist. Trims by the tenant's limits first, as a
+    /// subscribe would, so it shows what a resume would replay.
+    pub fn history(
+        &self,
+        ch: &str,
+        since: u64,
+        limit: usize,
+        limits: HistoryLimits,
+        now_ms: u64,
+    ) -> Option<HistoryView> {
+        let chan = self.channels.lock().get(ch).cloned()?;
+        let mut c = chan.lock();
+        c.trim(limits, now_ms, &self.history_bytes);
+        let positions: Vec<Entry> = c
+            .history
+            .iter()
+            .filter(|e| e[0].seq > since)
+            .take(limit)
+            .cloned()
+            .collect();
+        Some(HistoryView {
+            epoch: c.epoch,
+            head: c.seq,
+            oldest: c.history.front().map(|e| e[0].seq),
+            positions,
+        })
     }
 
     /// Replays history after `since` (when given) and joins the live set.

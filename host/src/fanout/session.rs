@@ -34,6 +34,8 @@ pub enum QueueClose {
     Draining,
     /// The tenant was deleted or its access changed (close 4000).
     TenantGone,
+    /// An operator disconnected it (`POST …/disconnect`) with this close code.
+    Disconnected(u16),
 }
 
 impl QueueClose {
@@ -59,12 +61,42 @@ pub enum Delivery {
 struct State {
     queue: OutQueue,
     closed: Option<QueueClose>,
+    /// The channels it is subscribed to (the session's reader keeps it; the
+    /// operator's connection list reads it).
+    channels: Vec<Arc<str>>,
     /// The writer waits for its socket with a backlog (see [`SessionHandle::park`]).
     parked: bool,
 }
 
+/// Who a session is, for the operator (`GET …/connections`, `POST …/disconnect`).
+#[derive(Debug, Clone)]
+pub struct SessionInfo {
+    /// Unique on this node for its life (`s<n>` on the admin API).
+    pub id: u64,
+    /// The subject the tenant's plugin gave it; none on public tenants.
+    pub subject: Option<Box<str>>,
+    pub connected_at_ms: u64,
+    pub remote: Option<std::net::SocketAddr>,
+}
+
+static NEXT_SESSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl SessionInfo {
+    pub fn new(subject: Option<&str>, remote: Option<std::net::SocketAddr>) -> SessionInfo {
+        SessionInfo {
+            id: NEXT_SESSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            subject: subject.map(Box::from),
+            connected_at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            remote,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct SessionHandle {
+    info: SessionInfo,
     wire: Wire,
     limit_bytes: usize,
     policy: SlowConsumer,
@@ -81,7 +113,24 @@ impl SessionHandle {
         policy: SlowConsumer,
         audience: Option<Arc<str>>,
     ) -> Arc<SessionHandle> {
+        Self::with_info(
+            wire,
+            limit_bytes,
+            policy,
+            audience,
+            SessionInfo::new(None, None),
+        )
+    }
+
+    pub fn with_info(
+        wire: Wire,
+        limit_bytes: usize,
+        policy: SlowConsumer,
+        audience: Option<Arc<str>>,
+        info: SessionInfo,
+    ) -> Arc<SessionHandle> {
         Arc::new(SessionHandle {
+            info,
             wire,
             limit_bytes,
             policy,
@@ -89,6 +138,50 @@ impl SessionHandle {
             state: Mutex::default(),
             wake: Notify::new(),
         })
+    }
+
+    pub fn info(&self) -> &SessionInfo {
+        &self.info
+    }
+
+    /// Records a subscription; false when it was there already.
+    pub fn add_channel(&self, ch: &str) -> bool {
+        let mut st = self.state.lock();
+        if st.channels.iter().any(|c| **c == *ch) {
+            return false;
+        }
+        st.channels.push(ch.into());
+        true
+    }
+
+    /// Forgets a subscription; false when there was none.
+    pub fn remove_channel(&self, ch: &str) -> bool {
+        let mut st = self.state.lock();
+        match st.channels.iter().position(|c| **c == *ch) {
+            Some(i) => {
+                st.channels.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn has_channel(&self, ch: &str) -> bool {
+        self.state.lock().channels.iter().any(|c| **c == *ch)
+    }
+
+    pub fn channel_count(&self) -> usize {
+        self.state.lock().channels.len()
+    }
+
+    /// The channels it is subscribed to now.
+    pub fn channels(&self) -> Vec<Arc<str>> {
+        self.state.lock().channels.clone()
+    }
+
+    /// Forgets every subscription and returns them (the session is leaving).
+    pub fn take_channels(&self) -> Vec<Arc<str>> {
+        std::mem::take(&mut self.state.lock().channels)
     }
 
     pub fn audience(&self) -> Option<&str> {

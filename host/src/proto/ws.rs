@@ -103,6 +103,9 @@ pub mod close {
     pub const SLOW_CONSUMER: u16 = 4001;
     /// No frame arrived from the client within the heartbeat timeout.
     pub const HEARTBEAT_TIMEOUT: u16 = 4002;
+    /// An operator disconnected the session (`POST …/disconnect`, the
+    /// default code there); the client may reconnect.
+    pub const DISCONNECTED: u16 = 4003;
 }
 
 /// A decoded frame header; the payload sits in the caller's buffer.

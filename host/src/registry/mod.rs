@@ -191,8 +191,8 @@ impl Registry {
 
     pub async fn create_tenant(&self, t: &TenantRecord) -> Result<(), RegistryError> {
         let r = sqlx::query(
-            "INSERT INTO tenants (id, access, config, limits, publish_key_sha256, created_at, updated_at, conflation, allowed_origins) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            "INSERT INTO tenants (id, access, config, limits, publish_key_sha256, created_at, updated_at, conflation, allowed_origins, source) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         )
         .bind(&t.id)
         .bind(&t.access)
@@ -203,6 +203,7 @@ impl Registry {
         .bind(t.updated_at_ms)
         .bind(t.conflation.to_string())
         .bind(t.allowed_origins.to_string())
+        .bind(t.source.to_string())
         .execute(&self.pool)
         .await;
         match r {
@@ -337,13 +338,31 @@ impl Registry {
         tenant: &str,
         version: Option<i64>,
     ) -> Result<(), RegistryError> {
-        let r = sqlx::query("UPDATE tenants SET active_plugin = $1, updated_at = $2 WHERE id = $3")
-            .bind(version)
-            .bind(now_ms())
-            .bind(tenant)
-            .execute(&self.pool)
-            .await?;
+        // The version it replaces becomes the previous one (what a rollback
+        // activates); activating the active version again changes nothing.
+        let r = sqlx::query(
+            "UPDATE tenants SET previous_plugin = CASE WHEN COALESCE(active_plugin, -1) <> COALESCE($1, -1) \
+             THEN active_plugin ELSE previous_plugin END, active_plugin = $1, updated_at = $2 WHERE id = $3",
+        )
+        .bind(version)
+        .bind(now_ms())
+        .bind(tenant)
+        .execute(&self.pool)
+        .await?;
         found(r.rows_affected(), tenant)
+    }
+
+    /// The version active before the current one, if any.
+    pub async fn previous_plugin(&self, tenant: &str) -> Result<Option<i64>, RegistryError> {
+        let row: Option<(Option<i64>,)> =
+            sqlx::query_as("SELECT previous_plugin FROM tenants WHERE id = $1")
+                .bind(tenant)
+                .fetch_optional(&self.pool)
+                .await?;
+        match row {
+            Some((v,)) => Ok(v),
+            None => Err(RegistryError::NotFound(format!("tenant {tenant:?}"))),
+        }
     }
 
     pub async fn set_source(

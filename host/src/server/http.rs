@@ -146,9 +146,9 @@ impl hyper::service::Service<Request<Incoming>> for Door {
         match (route, head) {
             (Route::WebSocket { tenant }, Some(head)) => Box::pin(async move {
                 Ok(match open_ws(&app, &head, &tenant, peer).await {
-                    Ok((accept, admitted)) => {
+                    Ok((hs, admitted)) => {
                         *handoff.takeover.lock() = Some(Takeover::Ws(admitted));
-                        switching_protocols(&accept)
+                        switching_protocols(&hs)
                     }
                     Err(r) => refusal(r),
                 })
@@ -174,7 +174,7 @@ impl hyper::service::Service<Request<Incoming>> for Door {
     }
 }
 
-fn switching_protocols(accept: &str) -> Response<Body> {
+fn switching_protocols(hs: &super::Handshake) -> Response<Body> {
     let mut r = Response::new(Body::empty());
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = r.headers_mut();
@@ -186,8 +186,14 @@ fn switching_protocols(accept: &str) -> Response<Body> {
         header::CONNECTION,
         header::HeaderValue::from_static("Upgrade"),
     );
-    if let Ok(v) = header::HeaderValue::from_str(accept) {
+    if let Ok(v) = header::HeaderValue::from_str(&hs.accept) {
         h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    if let Some(p) = hs.protocol {
+        h.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            header::HeaderValue::from_static(p),
+        );
     }
     r
 }

@@ -63,9 +63,14 @@ pub(super) async fn front_door(
     };
     match head::route(&head) {
         Route::WebSocket { tenant } => match open_ws(&app, &head, &tenant, peer).await {
-            Ok((accept, admitted)) => {
+            Ok((hs, admitted)) => {
+                let protocol = hs
+                    .protocol
+                    .map(|p| format!("Sec-WebSocket-Protocol: {p}\r\n"))
+                    .unwrap_or_default();
                 let response = format!(
-                    "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+                    "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n{protocol}\r\n",
+                    hs.accept
                 );
                 if stream.write_all(response.as_bytes()).await.is_err() {
                     return;
@@ -147,8 +152,27 @@ pub struct Admitted {
     pub session: Option<Arc<plugin::Session>>,
 }
 
-/// The token a client presented: bearer header, `herald_token` cookie, or
-/// `token` query parameter. Herald passes it on and never interprets it.
+/// The WebSocket subprotocol Herald speaks; a browser client offers it
+/// beside [`TOKEN_PROTOCOL`] and Herald answers with it.
+pub const PROTOCOL: &str = "herald.v1";
+
+/// Prefix of the subprotocol that carries a token (base64url, no padding):
+/// browsers cannot set headers on a WebSocket, and a token there stays out
+/// of URLs and access logs.
+pub const TOKEN_PROTOCOL: &str = "herald.token.";
+
+/// The subprotocols a WebSocket request offers.
+fn offered_protocols(head: &RequestHead) -> impl Iterator<Item = &str> {
+    head.headers
+        .iter()
+        .filter(|(n, _)| n == "sec-websocket-protocol")
+        .flat_map(|(_, v)| v.split(','))
+        .map(str::trim)
+}
+
+/// The token a client presented: bearer header, `herald.token.…`
+/// WebSocket subprotocol, `herald_token` cookie, or `token` query
+/// parameter. Herald passes it on and never interprets it.
 fn credentials(head: &RequestHead, query: &[(String, String)]) -> Option<String> {
     if let Some(v) = head.header("authorization") {
         if let Some((scheme, token)) = v.split_once(' ') {
@@ -156,6 +180,17 @@ fn credentials(head: &RequestHead, query: &[(String, String)]) -> Option<String>
                 return Some(token.trim().to_string());
             }
         }
+    }
+    if let Some(t) = offered_protocols(head).find_map(|p| p.strip_prefix(TOKEN_PROTOCOL)) {
+        use base64::Engine as _;
+        // One that does not decode is passed on as written: the plugin refuses it.
+        return Some(
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(t.trim_end_matches('='))
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .unwrap_or_else(|| t.to_string()),
+        );
     }
     let cookie = head
         .headers
@@ -388,7 +423,7 @@ async fn open_ws(
     head: &RequestHead,
     tenant: &str,
     peer: SocketAddr,
-) -> Result<(String, Admitted), Refused> {
+) -> Result<(Handshake, Admitted), Refused> {
     if head.header("sec-websocket-version").map(str::trim) != Some("13") {
         let mut r = Refused::new(
             StatusCode::UPGRADE_REQUIRED,
@@ -427,9 +462,22 @@ async fn open_ws(
             ));
         }
     }
-    let accept = ws::accept_key(key);
+    let hs = Handshake {
+        accept: ws::accept_key(key),
+        protocol: offered_protocols(head)
+            .any(|p| p == PROTOCOL)
+            .then_some(PROTOCOL),
+    };
     let admitted = admit(app, tenant, "ws", head, peer).await?;
-    Ok((accept, admitted))
+    Ok((hs, admitted))
+}
+
+/// What a 101 answer carries besides the fixed headers.
+pub(super) struct Handshake {
+    pub accept: String,
+    /// The subprotocol chosen; a client that offered `herald.v1` gets it
+    /// (a browser fails a handshake that offered protocols and got none).
+    pub protocol: Option<&'static str>,
 }
 
 /// Runs an admitted WebSocket session whose 101 was sent. `early` holds

@@ -33,12 +33,18 @@ pub struct Outgoing<'a> {
 }
 
 /// What a tenant reads from, as set by `PUT /admin/v1/tenants/{t}/source`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SourceConfig {
     /// Only `POST /v1/t/{t}/publish`.
-    #[default]
-    Http,
+    Http {
+        /// The publisher is expected to publish at least this often: with
+        /// nothing published for this long the source is `stalled` (clients
+        /// get a `status` frame), and `live` again on the next publish.
+        /// Absent: an HTTP source is always live.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stall_after_ms: Option<u64>,
+    },
     /// Tail an outbox table (shape in migrations/outbox/herald_outbox.sql).
     PostgresOutbox {
         database_url: String,
@@ -68,10 +74,18 @@ pub enum SourceConfig {
     },
 }
 
+impl Default for SourceConfig {
+    fn default() -> Self {
+        SourceConfig::Http {
+            stall_after_ms: None,
+        }
+    }
+}
+
 impl SourceConfig {
     pub fn kind(&self) -> &'static str {
         match self {
-            SourceConfig::Http => "http",
+            SourceConfig::Http { .. } => "http",
             SourceConfig::PostgresOutbox { .. } => "postgres_outbox",
             SourceConfig::Kafka { .. } => "kafka",
         }
@@ -85,8 +99,8 @@ impl SourceConfig {
     /// credentials are not part of it.
     pub fn epoch_seed(&self, tenant: &str, cluster: bool) -> Option<u64> {
         let identity = match self {
-            SourceConfig::Http if cluster => "http log".to_string(),
-            SourceConfig::Http => return None,
+            SourceConfig::Http { .. } if cluster => "http log".to_string(),
+            SourceConfig::Http { .. } => return None,
             SourceConfig::PostgresOutbox {
                 database_url,
                 table,
@@ -250,7 +264,7 @@ pub struct SourceSlot {
 impl Default for SourceSlot {
     fn default() -> Self {
         SourceSlot {
-            config: SourceConfig::Http,
+            config: SourceConfig::default(),
             health: Arc::new(Mutex::new(Health::new("http"))),
             publisher: None,
             stop: CancellationToken::new(),
@@ -311,6 +325,51 @@ pub fn set_state(
     tenant.sessions.broadcast("status", &json);
 }
 
+/// An HTTP source with `stall_after_ms` (on a node of its own): `stalled`
+/// once nothing was published for that long, `live` again on the next
+/// publish (the publish itself says so at once; this watch catches the
+/// silence).
+async fn watch_silence(
+    tenant: Arc<Tenant>,
+    health: Arc<Mutex<Health>>,
+    after: Duration,
+    stop: CancellationToken,
+) {
+    let started = now_ms() as u64;
+    let tick = (after / 4).clamp(Duration::from_millis(50), Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(tick) => {}
+        }
+        let (last, state) = {
+            let h = health.lock();
+            (h.last_record_ms.unwrap_or(0).max(started), h.state)
+        };
+        let silent = (now_ms() as u64).saturating_sub(last) >= after.as_millis() as u64;
+        match (silent, state) {
+            (true, SourceState::Live) => set_state(&tenant, &health, SourceState::Stalled, None),
+            (false, SourceState::Stalled) => set_state(&tenant, &health, SourceState::Live, None),
+            _ => {}
+        }
+    }
+}
+
+/// The publish path of an HTTP source on a node of its own: records what
+/// arrived, and a source stalled by silence is live again.
+pub fn http_published(tenant: &Tenant, records: usize) {
+    let health = tenant.source.lock().health.clone();
+    let stalled = {
+        let mut h = health.lock();
+        h.last_record_ms = Some(now_ms() as u64);
+        h.records += records as u64;
+        h.state == SourceState::Stalled
+    };
+    if stalled {
+        set_state(tenant, &health, SourceState::Live, None);
+    }
+}
+
 /// Runs a reader until `stop`: every failed `attempt` marks the source stalled
 /// and is retried after a backoff (100 ms, doubling to 1 s). An attempt watches
 /// `stop` itself (so it can store its position first) and returns `Ok` then.
@@ -360,7 +419,7 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
         &config,
         app.cluster.as_ref().and_then(|c| c.config.kafka.as_ref()),
     ) {
-        (SourceConfig::Http, Some(k)) => Some(SourceConfig::Kafka {
+        (SourceConfig::Http { .. }, Some(k)) => Some(SourceConfig::Kafka {
             brokers: k.brokers.clone(),
             topics: vec![k.topic(&tenant.id)],
             // A node new to the tenant: the last seconds, as for the
@@ -380,7 +439,7 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
     let health = Arc::new(Mutex::new(Health::new(config.kind())));
     let stop = app.shutdown.child_token();
     let done = match reads {
-        SourceConfig::Http => match &app.cluster {
+        SourceConfig::Http { .. } => match &app.cluster {
             // Cluster mode: publishes reach every node through the log.
             Some(cluster) => {
                 let reader = outbox::Reader::for_log(
@@ -428,6 +487,20 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
             }))
         }
     };
+    if let (
+        SourceConfig::Http {
+            stall_after_ms: Some(ms),
+        },
+        None,
+    ) = (reads, &app.cluster)
+    {
+        app.tracker.spawn(watch_silence(
+            tenant.clone(),
+            health.clone(),
+            Duration::from_millis(*ms),
+            stop.clone(),
+        ));
+    }
     let mut slot = tenant.source.lock();
     // A session connected while the old source was stalled must not keep
     // believing it: the new source starts fresh.
@@ -523,7 +596,14 @@ mod tests {
         assert_eq!(c.redacted()["database_url"], "postgres://u:***@h:5/db");
         assert_eq!(
             serde_json::from_str::<SourceConfig>(r#"{"kind":"http"}"#).unwrap(),
-            SourceConfig::Http
+            SourceConfig::default()
+        );
+        assert_eq!(
+            serde_json::from_str::<SourceConfig>(r#"{"kind":"http","stall_after_ms":3000}"#)
+                .unwrap(),
+            SourceConfig::Http {
+                stall_after_ms: Some(3000)
+            }
         );
         let e = serde_json::from_str::<SourceConfig>(r#"{"kind":"postgres_outbox","table":"t"}"#)
             .unwrap_err();

@@ -48,6 +48,7 @@ impl End {
                 close::TENANT_GONE => "tenant_gone",
                 close::SLOW_CONSUMER => "slow_consumer",
                 close::HEARTBEAT_TIMEOUT => "heartbeat_timeout",
+                close::DISCONNECTED => "disconnected",
                 close::TOO_BIG => "too_big",
                 _ => "protocol",
             },
@@ -71,6 +72,7 @@ fn queue_end(reason: QueueClose, policy: &str) -> End {
             close::TENANT_GONE,
             "tenant removed or its access changed".into(),
         ),
+        QueueClose::Disconnected(code) => End::Close(code, "disconnected by the operator".into()),
     }
 }
 

@@ -8,7 +8,7 @@ use super::writer::{finish, flush, interest, load_and_flush, Outbox};
 use super::{queue_end, End, READ_BUDGET};
 use crate::app::App;
 use crate::fanout::queue::Wire;
-use crate::fanout::session::SessionHandle;
+use crate::fanout::session::{SessionHandle, SessionInfo};
 use crate::fanout::Published;
 use crate::proto::{sse, ws::close};
 use crate::registry::now_ms;
@@ -53,12 +53,17 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
         .as_ref()
         .and_then(|s| s.audience.as_deref())
         .map(Arc::from);
+    let info = SessionInfo::new(
+        session.as_ref().map(|s| s.subject.as_str()),
+        stream.peer_addr().ok(),
+    );
     drop(session);
-    let handle = SessionHandle::new(
+    let handle = SessionHandle::with_info(
         Wire::Sse,
         settings.limits.queue_bytes,
         settings.limits.slow_consumer,
         audience,
+        info,
     );
     let history = settings.limits.history();
     drop(settings);
@@ -80,6 +85,7 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
         };
         state.positions.push((r.epoch, start));
         state.channels.push(ch.as_str().into());
+        handle.add_channel(ch);
     }
     tenant
         .metrics

@@ -9,7 +9,7 @@ use super::writer::{finish, flush, interest, load_and_flush, send_queued, Outbox
 use super::{ask_plugin, check_subscribe, queue_end, End, SubCheck, SubRefusal, READ_BUDGET};
 use crate::app::App;
 use crate::fanout::queue::Wire;
-use crate::fanout::session::SessionHandle;
+use crate::fanout::session::{SessionHandle, SessionInfo};
 use crate::plugin::active::ActivePlugin;
 use crate::plugin::Session;
 use crate::proto::ws::{self, close, Assembler, FrameError, Message, Role};
@@ -46,7 +46,6 @@ struct WsReader {
     /// client holds its buffer only until the deadline).
     incomplete_since: Option<Instant>,
     assembler: Assembler,
-    subs: Vec<Arc<str>>,
     /// Who the tenant's plugin said this connection is.
     session: Option<Arc<Session>>,
     /// Client operations left (every text, binary and ping frame costs one).
@@ -83,7 +82,14 @@ async fn settle(
 /// sent right after its handshake request.
 pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: Admitted) {
     let Admitted { slot, session } = admitted;
-    let mut s = WsSession::open(slot.tenant.clone(), session, early, app.config.head_timeout);
+    let remote = stream.peer_addr().ok();
+    let mut s = WsSession::open(
+        slot.tenant.clone(),
+        session,
+        early,
+        app.config.head_timeout,
+        remote,
+    );
     let end = match s.read_early().await {
         Ok(()) => s.serve(&stream, app.config.heartbeat).await,
         Err(end) => end,
@@ -116,6 +122,7 @@ impl WsSession {
         session: Option<Arc<Session>>,
         early: Vec<u8>,
         frame_deadline: Duration,
+        remote: Option<std::net::SocketAddr>,
     ) -> WsSession {
         let settings = tenant.settings();
         let ops_burst = settings.limits.client_ops_burst;
@@ -131,11 +138,13 @@ impl WsSession {
             .as_ref()
             .and_then(|s| s.audience.as_deref())
             .map(Arc::from);
-        let handle = SessionHandle::new(
+        let info = SessionInfo::new(session.as_ref().map(|s| s.subject.as_str()), remote);
+        let handle = SessionHandle::with_info(
             Wire::Ws,
             settings.limits.queue_bytes,
             settings.limits.slow_consumer,
             audience,
+            info,
         );
         drop(settings);
         tenant.metrics.opened_ws.increment(1);
@@ -153,7 +162,6 @@ impl WsSession {
                 partial: early,
                 incomplete_since: None,
                 assembler: Assembler::default(),
-                subs: Vec::new(),
                 session,
                 ops: OpBudget::new(ops_burst, Instant::now()),
             },
@@ -317,13 +325,11 @@ impl WsSession {
     /// returns the close frame to send.
     fn leave(&mut self, end: &End) -> Option<Bytes> {
         let tenant = &self.tenant;
-        for ch in &self.reader.subs {
+        let subs = self.handle.take_channels();
+        for ch in &subs {
             tenant.hub.unsubscribe(ch, &self.handle);
         }
-        tenant
-            .metrics
-            .subscriptions
-            .decrement(self.reader.subs.len() as f64);
+        tenant.metrics.subscriptions.decrement(subs.len() as f64);
         self.handle.close();
         tenant.sessions.deregister(self.registration);
         tenant.metrics.closed(end.label());
@@ -533,8 +539,8 @@ impl WsReader {
                 epoch,
                 id,
             } => {
-                let already = self.subs.iter().any(|c| **c == *ch);
-                if !already && self.subs.len() >= limits.max_subscriptions {
+                let already = handle.has_channel(&ch);
+                if !already && handle.channel_count() >= limits.max_subscriptions {
                     let msg = format!(
                         "at most {} subscriptions per connection",
                         limits.max_subscriptions
@@ -568,14 +574,13 @@ impl WsReader {
                     }
                 }
             }
-            ClientOp::Unsub { ch, id } => match self.subs.iter().position(|c| **c == *ch) {
-                Some(i) => {
-                    self.subs.swap_remove(i);
+            ClientOp::Unsub { ch, id } => match handle.remove_channel(&ch) {
+                true => {
                     tenant.hub.unsubscribe(&ch, handle);
                     tenant.metrics.subscriptions.decrement(1.0);
                     handle.deliver_ctrl("ack", &proto::encode_ack(id, None));
                 }
-                None => {
+                false => {
                     let msg = format!("not subscribed to {ch:?}");
                     refuse(ErrorCode::NotSubscribed, &msg, id, tenant, handle);
                 }
@@ -618,9 +623,8 @@ impl WsReader {
                 handle.deliver_ctrl("ack", &proto::encode_ack(id, Some((&ch, ep, head))));
             },
         );
-        if !self.subs.iter().any(|c| **c == *ch) {
+        if handle.add_channel(&ch) {
             tenant.metrics.subscriptions.increment(1.0);
-            self.subs.push(ch.into());
         }
     }
 }
