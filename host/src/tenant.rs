@@ -45,7 +45,7 @@ impl Access {
 }
 
 /// Effective limits of a tenant.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct TenantLimits {
     pub max_connections: Option<usize>,
     pub max_subscriptions: usize,
@@ -105,7 +105,7 @@ impl TenantLimits {
 
 /// Per-tenant overrides as stored in the registry; absent fields use the
 /// global defaults. Unknown fields are refused so a typo cannot pass silently.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitOverrides {
     #[serde(skip_serializing_if = "Option::is_none")]

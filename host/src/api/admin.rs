@@ -31,7 +31,9 @@ pub(super) fn routes() -> Router<Arc<App>> {
 
 /// The cluster view: every node that has reported to the registry, with
 /// what it runs; `alive` while its heartbeat is recent.
-async fn nodes(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/admin/v1/nodes", tag = "tenants", security(("admin" = [])),
+    responses((status = 200, description = "every node that reported to the registry", body = super::doc::NodeList), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody)))]
+pub(super) async fn nodes(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> {
     let now = now_ms();
     let stale = 3 * crate::cluster::HEARTBEAT_EVERY.as_millis() as i64;
     let nodes: Vec<Value> = app
@@ -55,20 +57,28 @@ async fn nodes(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> {
     Ok(Json(json!({ "self": app.config.node_id, "nodes": nodes })))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateTenant {
+    /// 1-64 characters of a-z 0-9 _ -.
     id: String,
     #[serde(default)]
+    #[schema(value_type = String, example = "public")]
     access: Access,
+    /// The plugin's config: any JSON object.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     config: Option<Value>,
     #[serde(default)]
+    #[schema(value_type = Option<crate::tenant::LimitOverrides>)]
     limits: Option<Value>,
+    /// `{"window_ms": …, "channels": […]}`.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     conflation: Option<Value>,
     /// Browser origins its clients may come from; absent or null: any.
     #[serde(default)]
+    #[schema(value_type = Option<Vec<String>>)]
     allowed_origins: Option<Value>,
 }
 
@@ -77,21 +87,26 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::E
     Value::deserialize(d).map(Some)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct PatchTenant {
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     access: Option<Access>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     config: Option<Value>,
     /// JSON merge patch over the stored overrides: `null` removes one.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     limits: Option<Value>,
     /// Replaces the conflation window (`{}` turns it off).
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     conflation: Option<Value>,
     /// Replaces the allowed origins; `null` allows any again.
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<Vec<String>>)]
     allowed_origins: Option<Value>,
 }
 
@@ -168,7 +183,11 @@ pub fn record_from_create(
     Ok(rec)
 }
 
-async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+#[utoipa::path(post, path = "/admin/v1/tenants", tag = "tenants", security(("admin" = [])),
+    request_body = CreateTenant,
+    responses((status = 201, description = "created; the publish key is shown once", body = super::doc::TenantView), (status = 400, description = "bad input; nothing changed", body = super::doc::ErrorBody), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody),
+        (status = 409, description = "a tenant with this id exists", body = super::doc::ErrorBody)))]
+pub(super) async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
     let key = new_secret("pk_");
     let rec = record_from_create(&app.config, &body, hex(&key_digest(&key)), now_ms())?;
     app.registry.create_tenant(&rec).await?;
@@ -179,7 +198,9 @@ async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, Ap
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-async fn list(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/admin/v1/tenants", tag = "tenants", security(("admin" = [])),
+    responses((status = 200, description = "every tenant", body = super::doc::TenantList), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody)))]
+pub(super) async fn list(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> {
     let rows = app.registry.list_tenants().await?;
     let items: Vec<Value> = rows
         .iter()
@@ -188,7 +209,9 @@ async fn list(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> {
     Ok(Json(json!({ "tenants": items })))
 }
 
-async fn show(
+#[utoipa::path(get, path = "/admin/v1/tenants/{tenant}", tag = "tenants", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
+    responses((status = 200, body = super::doc::TenantView), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
+pub(super) async fn show(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -208,7 +231,10 @@ fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
-async fn update(
+#[utoipa::path(patch, path = "/admin/v1/tenants/{tenant}", tag = "tenants", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
+    request_body = PatchTenant,
+    responses((status = 200, body = super::doc::TenantView), (status = 400, description = "bad input; nothing changed", body = super::doc::ErrorBody), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
+pub(super) async fn update(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     body: Bytes,
@@ -245,7 +271,9 @@ async fn update(
     Ok(Json(view(&rec, tenant.as_deref())))
 }
 
-async fn remove(
+#[utoipa::path(delete, path = "/admin/v1/tenants/{tenant}", tag = "tenants", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
+    responses((status = 204, description = "deleted; its sessions are closed (4000)"), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
+pub(super) async fn remove(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
@@ -255,7 +283,9 @@ async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn rotate_key(
+#[utoipa::path(post, path = "/admin/v1/tenants/{tenant}/publish-key", tag = "tenants", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
+    responses((status = 200, description = "a new publish key (shown once); the old one stops working", body = super::doc::RotatedKey), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
+pub(super) async fn rotate_key(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -275,7 +305,9 @@ fn source_view(t: &Tenant) -> Value {
     json!({ "source": slot.config.redacted(), "health": health })
 }
 
-async fn show_source(
+#[utoipa::path(get, path = "/admin/v1/tenants/{tenant}/source", tag = "tenants", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
+    responses((status = 200, body = super::doc::SourceView), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
+pub(super) async fn show_source(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -288,7 +320,11 @@ async fn show_source(
 
 /// Checks the new source (reachable, table shape), stores it, then swaps the
 /// running source: the old one stops before the new one starts.
-async fn set_source(
+#[utoipa::path(put, path = "/admin/v1/tenants/{tenant}/source", tag = "tenants", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
+    request_body = crate::source::SourceConfig,
+    responses((status = 200, description = "the source in force; the old reader stopped before the new one started", body = super::doc::SourceView), (status = 400, description = "bad input; nothing changed", body = super::doc::ErrorBody), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody),
+        (status = 422, description = "the source cannot be used (unreachable, wrong table shape, …)", body = super::doc::ErrorBody)))]
+pub(super) async fn set_source(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     body: Bytes,

@@ -7,6 +7,7 @@
 //! anything is changed (a bad item in a publish batch publishes nothing).
 
 pub mod admin;
+pub mod doc;
 pub mod ops;
 pub mod plugins;
 pub mod publish;
@@ -177,7 +178,7 @@ pub fn router(app: Arc<App>) -> Router {
         .nest("/admin/v1", admin)
         .merge(demo)
         .merge(publish::routes())
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/admin/v1/openapi.json", get(openapi))
@@ -186,11 +187,20 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
+#[utoipa::path(get, path = "/healthz", tag = "health",
+    responses((status = 200, description = "the process runs", content_type = "text/plain", body = String)))]
+pub(super) async fn healthz() -> &'static str {
+    "ok"
+}
+
 /// 200 while the node takes clients, 503 once it drains. In cluster mode the
 /// body also says whether the node hears the registry: while it does not,
 /// it stays ready and serves what it last knew (taking every node out of a
 /// load balancer for a registry outage would be an outage of its own).
-async fn readyz(State(app): State<Arc<App>>) -> Response {
+#[utoipa::path(get, path = "/readyz", tag = "health",
+    responses((status = 200, description = "takes clients", body = doc::Ready),
+        (status = 503, description = "draining or not started", body = doc::ErrorBody)))]
+pub(super) async fn readyz(State(app): State<Arc<App>>) -> Response {
     if !app.is_ready() {
         return ApiError::Unavailable.into_response();
     }
@@ -208,7 +218,10 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
     (StatusCode::OK, Json(body)).into_response()
 }
 
-async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+#[utoipa::path(get, path = "/metrics", tag = "health", security((), ("metrics" = [])),
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String),
+        (status = 401, description = "--metrics-token is set and was not given", body = doc::ErrorBody)))]
+pub(super) async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if let Some(want) = &app.config.metrics_token {
         let given = bearer(&headers).map(crate::tenant::key_digest);
         if given.is_none_or(|g| g != crate::tenant::key_digest(want)) {
@@ -222,12 +235,10 @@ async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-async fn openapi() -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        include_str!("openapi.json"),
-    )
-        .into_response()
+#[utoipa::path(get, path = "/admin/v1/openapi.json", tag = "health",
+    responses((status = 200, description = "this document", content_type = "application/json", body = Object)))]
+pub(super) async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], doc::json()).into_response()
 }
 
 /// Parses a JSON body, naming the field at fault in the error.

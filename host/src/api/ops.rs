@@ -50,7 +50,7 @@ pub struct HistoryQuery {
     pub limit: Option<usize>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct HistoryAnswer {
     pub node: String,
     pub channel: String,
@@ -64,7 +64,7 @@ pub struct HistoryAnswer {
     pub messages: Vec<HistoryMessage>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct HistoryMessage {
     pub seq: u64,
     pub prev: u64,
@@ -74,10 +74,17 @@ pub struct HistoryMessage {
     /// their own.
     pub audiences: Option<Vec<String>>,
     /// The message as a client receives it (`{"op":"msg",…}`).
+    #[schema(value_type = Object)]
     pub frame: Box<RawValue>,
 }
 
-async fn history(
+#[utoipa::path(get, path = "/admin/v1/tenants/{tenant}/channels/{channel}/history", tag = "operations", security(("admin" = [])),
+    params(("tenant" = String, Path, description = "tenant id"), ("channel" = String, Path, description = "channel name"),
+        ("since" = Option<u64>, Query, description = "positions after this one (default 0)"),
+        ("limit" = Option<usize>, Query, description = "at most this many positions (default 100, at most 1000)")),
+    responses((status = 200, description = "what a resume after `since` would replay, on this node", body = HistoryAnswer), (status = 400, description = "bad input; nothing changed", body = super::doc::ErrorBody), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody),
+        (status = 404, description = "no such tenant, or the channel has neither subscribers nor history here", body = super::doc::ErrorBody)))]
+pub(super) async fn history(
     State(app): State<Arc<App>>,
     Path((id, channel)): Path<(String, String)>,
     query: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
@@ -134,18 +141,20 @@ async fn history(
     }))
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ConnectionsAnswer {
     pub node: String,
     pub connections: Vec<Connection>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Connection {
     /// `s<n>`: what `POST …/disconnect {"session"}` takes.
     pub session: String,
     /// The subject the tenant's plugin gave it; `null` on public tenants.
     pub subject: Option<String>,
+    /// `ws` or `sse`.
+    #[schema(value_type = String)]
     pub transport: &'static str,
     pub channels: Vec<String>,
     /// Bytes waiting in its outbound queue.
@@ -158,7 +167,9 @@ fn session_id(n: u64) -> String {
     format!("s{n}")
 }
 
-async fn connections(
+#[utoipa::path(get, path = "/admin/v1/tenants/{tenant}/connections", tag = "operations", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
+    responses((status = 200, description = "this node's live sessions of the tenant", body = ConnectionsAnswer), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
+pub(super) async fn connections(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<ConnectionsAnswer>, ApiError> {
@@ -193,7 +204,7 @@ async fn connections(
     }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DisconnectRequest {
     /// Every session of this subject.
@@ -206,7 +217,7 @@ pub struct DisconnectRequest {
     pub code: Option<u16>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DisconnectAnswer {
     pub node: String,
     pub disconnected: usize,
@@ -217,7 +228,10 @@ fn valid_close_code(code: u16) -> bool {
     matches!(code, 1000 | 1008 | 1012 | 4000..=4999)
 }
 
-async fn disconnect(
+#[utoipa::path(post, path = "/admin/v1/tenants/{tenant}/disconnect", tag = "operations", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
+    request_body = DisconnectRequest,
+    responses((status = 200, description = "sessions closed with the code (WebSocket) or ended (SSE), on this node", body = DisconnectAnswer), (status = 400, description = "bad input; nothing changed", body = super::doc::ErrorBody), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
+pub(super) async fn disconnect(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     body: Bytes,

@@ -40,7 +40,9 @@ pub(super) fn routes() -> Router<Arc<App>> {
 
 /// No plugin from now on (a plugin that does not load can be set aside:
 /// a `public` tenant then serves without one, a `plugin` one refuses).
-async fn deactivate(
+#[utoipa::path(post, path = "/admin/v1/tenants/{tenant}/plugins/deactivate", tag = "plugins", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
+    responses((status = 200, description = "no plugin from now on", body = super::doc::Activation), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
+pub(super) async fn deactivate(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -120,7 +122,13 @@ impl Uploads {
     }
 }
 
-async fn upload(
+#[utoipa::path(post, path = "/admin/v1/tenants/{tenant}/plugins", tag = "plugins", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
+    request_body(content = Vec<u8>, content_type = "application/wasm", description = "a wasm component (herald:plugin@0.1.0 or @0.2.0)"),
+    responses((status = 201, description = "stored (compiled, not active)", body = super::doc::PluginVersionView),
+        (status = 202, description = "over 1 MiB: compiling in the background; poll status_url", body = super::doc::UploadStatusView),
+        (status = 400, description = "bad input; nothing changed", body = super::doc::ErrorBody), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody),
+        (status = 422, description = "not a component Herald can run, or its hooks failed a check", body = super::doc::ErrorBody)))]
+pub(super) async fn upload(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     body: Bytes,
@@ -182,7 +190,11 @@ async fn upload(
 /// `GET …/uploads/{sha256}`: a background upload's state. 200 with
 /// `status` "compiling", "stored" (and the upload's answer: version, hooks…)
 /// or "failed" (and the error); 404 if this node has none.
-async fn upload_status(
+#[utoipa::path(get, path = "/admin/v1/tenants/{tenant}/uploads/{sha256}", tag = "plugins", security(("admin" = [])),
+    params(("tenant" = String, Path, description = "tenant id"), ("sha256" = String, Path, description = "the upload's sha256 (hex)")),
+    responses((status = 200, body = super::doc::UploadAnswer), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody),
+        (status = 404, description = "no such upload", body = super::doc::ErrorBody)))]
+pub(super) async fn upload_status(
     State(app): State<Arc<App>>,
     Path((id, sha)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
@@ -257,7 +269,9 @@ async fn store_upload(app: &Arc<App>, id: &str, body: Bytes) -> Result<Value, Ap
     }))
 }
 
-async fn list(
+#[utoipa::path(get, path = "/admin/v1/tenants/{tenant}/plugins", tag = "plugins", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
+    responses((status = 200, body = super::doc::PluginList), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
+pub(super) async fn list(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -289,7 +303,10 @@ async fn list(
 
 /// Activates the version that was active before the current one (a second
 /// rollback undoes the first).
-async fn rollback(
+#[utoipa::path(post, path = "/admin/v1/tenants/{tenant}/plugins/rollback", tag = "plugins", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
+    responses((status = 200, description = "the version active before the current one is active again", body = super::doc::Activation), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody),
+        (status = 409, description = "no previous version", body = super::doc::ErrorBody)))]
+pub(super) async fn rollback(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -301,7 +318,12 @@ async fn rollback(
     activate(State(app), Path((id, version))).await
 }
 
-async fn activate(
+#[utoipa::path(post, path = "/admin/v1/tenants/{tenant}/plugins/{version}/activate", tag = "plugins", security(("admin" = [])),
+    params(("tenant" = String, Path, description = "tenant id"), ("version" = i64, Path, description = "a stored version")),
+    responses((status = 200, body = super::doc::Activation), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody),
+        (status = 404, description = "no such tenant or version", body = super::doc::ErrorBody),
+        (status = 422, description = "the version does not load here", body = super::doc::ErrorBody)))]
+pub(super) async fn activate(
     State(app): State<Arc<App>>,
     Path((id, version)): Path<(String, i64)>,
 ) -> Result<Json<Value>, ApiError> {

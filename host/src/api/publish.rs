@@ -27,14 +27,20 @@ use serde_json::value::RawValue;
 use std::sync::Arc;
 use std::time::Duration;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PublishItem {
-    /// May be left out when the tenant's transform picks the channel.
+    /// The channel (`[A-Za-z0-9_.:@-]{1,128}`); may be left out when the
+    /// tenant's transform picks the channel.
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9_.:@-]{1,128}$")]
     ch: Option<String>,
+    /// Any JSON value; delivered as written.
+    #[schema(value_type = Object)]
     data: Box<RawValue>,
+    /// Conflation key, 1-128 bytes.
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 128)]
     key: Option<String>,
 }
 
@@ -187,7 +193,17 @@ pub fn read_items(
 /// How long a publish body may take to arrive once its key was accepted.
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
-async fn publish(
+#[utoipa::path(post, path = "/v1/t/{tenant}/publish", tag = "publish", security(("publishKey" = [])),
+    params(("tenant" = String, Path, description = "tenant id")),
+    request_body = super::doc::PublishBody,
+    responses((status = 200, description = "published (or held in the conflation window); one result per item", body = super::doc::PublishAnswer),
+        (status = 400, description = "bad body; nothing was published", body = super::doc::ErrorBody),
+        (status = 401, description = "unknown tenant or wrong publish key", body = super::doc::ErrorBody),
+        (status = 409, description = "the tenant reads from another source", body = super::doc::ErrorBody),
+        (status = 429, description = "rate limited (Retry-After)", body = super::doc::ErrorBody),
+        (status = 502, description = "the tenant's transform failed; the batch was dead-lettered", body = super::doc::ErrorBody),
+        (status = 503, description = "plugin loading or busy, or the log/topic did not confirm (Retry-After)", body = super::doc::ErrorBody)))]
+pub(super) async fn publish(
     State(app): State<Arc<App>>,
     Path(tenant_id): Path<String>,
     request: Request,

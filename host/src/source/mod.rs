@@ -33,7 +33,7 @@ pub struct Outgoing<'a> {
 }
 
 /// What a tenant reads from, as set by `PUT /admin/v1/tenants/{t}/source`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SourceConfig {
     /// Only `POST /v1/t/{t}/publish`.
@@ -63,6 +63,7 @@ pub enum SourceConfig {
         topics: Vec<String>,
         /// "latest" (default), "earliest", or a timestamp in ms.
         #[serde(default)]
+        #[schema(value_type = Object)]
         start: kafka::KafkaStart,
         /// Without a transform: "header:<name>" (default "header:channel"), "key" or "topic".
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -70,6 +71,7 @@ pub enum SourceConfig {
         /// librdkafka properties for every client of this source (TLS, SASL,
         /// tuning); secrets are shown as "***".
         #[serde(default, skip_serializing_if = "kafka::KafkaOptions::is_empty")]
+        #[schema(value_type = Object)]
         options: kafka::KafkaOptions,
     },
 }
@@ -176,7 +178,7 @@ fn secret_param(name: &str) -> bool {
 }
 
 /// A source's state as clients see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceState {
     Starting,
@@ -195,8 +197,9 @@ impl SourceState {
 }
 
 /// What a source reports about itself.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Health {
+    #[schema(value_type = String)]
     pub kind: &'static str,
     pub state: SourceState,
     /// When the current state began (ms since the Unix epoch).
@@ -208,6 +211,7 @@ pub struct Health {
     pub position: Option<String>,
     /// Kafka: how many partitions this node reads.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(required = false)]
     pub partitions: Option<usize>,
     pub records: u64,
     pub errors: u64,
@@ -219,9 +223,11 @@ pub struct Health {
     /// Outbox: rows already committed that wait behind a transaction still
     /// open (part of `lag`; delivered, in order, once it ends).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(required = false)]
     pub held_back: Option<u64>,
     /// Outbox: how long the oldest transaction holding rows back has been open.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(required = false)]
     pub oldest_open_xact_ms: Option<u64>,
 }
 

@@ -9,6 +9,7 @@ mod helpers;
 mod kafka;
 mod lifecycle;
 mod limits;
+mod openapi;
 mod operator;
 mod origins;
 mod outbox;
