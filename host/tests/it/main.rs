@@ -1,9 +1,11 @@
 //! Integration tests: one binary, real sockets, a real registry.
 
 mod bad_input;
+mod browser;
 mod cli;
 mod cluster;
 mod conformance;
+mod dashboard;
 mod frontdoor;
 mod helpers;
 mod kafka;
