@@ -61,6 +61,13 @@ log "plugins (wasm32-wasip2 components the integration tests load)"
 log "the example plugin in Python, JavaScript and C (the conformance suite's components)"
 ./plugins/example/build.sh
 
+log "browser test toolchain (Chromium from Debian, playwright-core from npm; nothing downloads a browser)"
+if [ ! -x /usr/bin/chromium ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+(cd clients/js/test && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+export HERALD_REQUIRE_BROWSER=1
+
 log "sdk unit tests"
 (cd sdk && cargo test --locked)
 

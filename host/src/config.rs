@@ -23,9 +23,13 @@ pub struct Cli {
 pub enum Command {
     /// Start the server.
     Serve(ServeArgs),
-    /// Write, build and try plugins without a server.
+    /// Write, build and try plugins; push them to a server and activate them.
     #[command(subcommand)]
     Plugin(crate::cli::PluginCommand),
+    // tenant, source, publish, nodes, connections, disconnect, history: a
+    // running server's admin API (admin_cli.rs).
+    #[command(flatten)]
+    Admin(crate::admin_cli::AdminCommand),
 }
 
 #[derive(Debug, Clone, Args)]

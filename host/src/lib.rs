@@ -4,6 +4,7 @@
 //! [`run`] is the one entry point: tests call it with a port-0 listener and
 //! their own shutdown future. See ARCHITECTURE.md for the code map.
 
+pub mod admin_cli;
 pub mod api;
 pub mod app;
 pub mod cli;

@@ -8,10 +8,29 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let args = match cli.command {
         Command::Serve(args) => args,
+        Command::Admin(cmd) => {
+            if let Err(e) = herald::admin_cli::run(&cmd) {
+                eprintln!("herald: {e}");
+                std::process::exit(1);
+            }
+            return Ok(());
+        }
         Command::Plugin(cmd) => {
             let done = match &cmd {
                 herald::cli::PluginCommand::New(a) => herald::cli::new(a),
                 herald::cli::PluginCommand::Test(a) => herald::cli::test(a),
+                herald::cli::PluginCommand::Push(a) => {
+                    herald::admin_cli::plugin_push(a).map_err(anyhow::Error::from)
+                }
+                herald::cli::PluginCommand::List(a) => {
+                    herald::admin_cli::plugin_list(a).map_err(anyhow::Error::from)
+                }
+                herald::cli::PluginCommand::Activate(a) => {
+                    herald::admin_cli::plugin_activate(a).map_err(anyhow::Error::from)
+                }
+                herald::cli::PluginCommand::Rollback(a) => {
+                    herald::admin_cli::plugin_rollback(a).map_err(anyhow::Error::from)
+                }
             };
             if let Err(e) = done {
                 eprintln!("herald: {e:#}");

@@ -3,6 +3,7 @@
 mod bad_input;
 mod browser;
 mod cli;
+mod cli_admin;
 mod cluster;
 mod conformance;
 mod dashboard;
