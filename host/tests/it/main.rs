@@ -23,4 +23,5 @@ mod plugins_output;
 mod positions;
 mod protections;
 mod pubsub;
+mod readme;
 mod slow;
