@@ -68,6 +68,14 @@ fi
 (cd clients/js/test && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
 export HERALD_REQUIRE_BROWSER=1
 
+log "schemathesis (an API fuzzer, from PyPI) for the OpenAPI smoke run"
+ST_VENV="${HERALD_ST_VENV:-$HOME/.cache/herald/schemathesis-4.32.5}"
+if [ ! -x "$ST_VENV/bin/st" ]; then
+    python3 -m venv "$ST_VENV"
+    "$ST_VENV/bin/pip" install -q 'schemathesis==4.32.5'
+fi
+export HERALD_SCHEMATHESIS="$ST_VENV/bin/st" HERALD_REQUIRE_SCHEMATHESIS=1
+
 log "sdk unit tests"
 (cd sdk && cargo test --locked)
 

@@ -164,7 +164,7 @@ pub struct SourceSetArgs {
     pub http: bool,
     /// With --http: the source is `stalled` when nothing was published for
     /// this long (100 to 86400000 ms).
-    #[arg(long, requires = "http", value_name = "MS")]
+    #[arg(long, requires = "http", conflicts_with = "spec", value_name = "MS")]
     pub stall_after_ms: Option<u64>,
     /// The source as JSON, inline or @file: {"kind": "http" |
     /// "postgres_outbox" | "kafka", …} (see the admin API's SourceConfig).
@@ -183,14 +183,19 @@ pub struct PublishArgs {
     #[arg(long, env = "HERALD_PUBLISH_KEY", hide_env_values = true)]
     pub key: String,
     /// The channel (may be left out when the tenant's transform picks it).
-    #[arg(long, requires = "data")]
+    #[arg(long, requires = "data", conflicts_with = "file")]
     pub ch: Option<String>,
     /// The message: any JSON value, inline or @file, sent as written (a
     /// string with its quotes: '"text"').
     #[arg(long, value_name = "JSON|@FILE", allow_hyphen_values = true)]
     pub data: Option<String>,
     /// The message's conflation key.
-    #[arg(long = "key-id", value_name = "KEY", requires = "data")]
+    #[arg(
+        long = "key-id",
+        value_name = "KEY",
+        requires = "data",
+        conflicts_with = "file"
+    )]
     pub key_id: Option<String>,
     /// A whole publish body from a file (- for stdin): one {"ch", "data",
     /// "key"} object or an array of them.

@@ -54,6 +54,13 @@ pub struct ServeArgs {
     /// browser client at `/herald.js`), and publish ticks into it.
     #[arg(long, env = "HERALD_DEMO")]
     pub demo: bool,
+    /// Serve TLS with this PEM certificate chain (with --tls-key); for
+    /// deployments without a terminating proxy.
+    #[arg(long, env = "HERALD_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "HERALD_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// With `--demo`: publish a tick for each demo symbol this often; 0: no
     /// built-in publisher (feed it with examples/ticker.sh).
     #[arg(long, env = "HERALD_DEMO_INTERVAL_MS", default_value_t = 500)]
@@ -239,6 +246,8 @@ pub struct Config {
     /// `/metrics` requires this bearer token when set.
     pub metrics_token: Option<String>,
     pub demo_tenant: bool,
+    /// `--tls-cert`, `--tls-key`: clients connect over TLS.
+    pub tls: Option<(PathBuf, PathBuf)>,
     /// The demo's built-in publisher; `None`: off.
     pub demo_interval: Option<Duration>,
     /// `None`: derived from the open-files limit at start.
@@ -393,6 +402,7 @@ impl ServeArgs {
             admin_token: self.admin_token.clone(),
             metrics_token: self.metrics_token.clone(),
             demo_tenant: self.demo,
+            tls: self.tls_cert.clone().zip(self.tls_key.clone()),
             demo_interval: (self.demo && self.demo_interval_ms > 0)
                 .then(|| Duration::from_millis(self.demo_interval_ms)),
             max_connections: self.max_connections,

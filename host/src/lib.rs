@@ -186,7 +186,14 @@ pub async fn run(
         .await
         .context("opening the registry")?;
     let admin = resolve_admin_token(&config, &registry).await?;
-    let fd_cap = fd_capacity();
+    let tls = match &config.tls {
+        Some((cert, key)) => Some(server::tls::load(cert, key)?),
+        None => None,
+    };
+    // A TLS session holds three sockets: the client's and both ends of its
+    // bridge (server/tls.rs).
+    let per_session = if tls.is_some() { 3 } else { 1 };
+    let fd_cap = fd_capacity() / per_session;
     let max = match config.max_connections {
         Some(m) if m > fd_cap => {
             tracing::warn!(
@@ -215,7 +222,7 @@ pub async fn run(
     let mut app = App::new(
         config,
         registry,
-        Capacity::with_doors(max, pending, fd_sockets()),
+        Capacity::with_doors(max, pending, fd_sockets() / per_session),
         admin,
         metrics_handle,
         plugins,
@@ -261,7 +268,13 @@ pub async fn run(
     watchers.spawn(flush_conflation(app.clone()));
 
     let router = api::router(app.clone());
-    let accept = tokio::spawn(server::accept_loop(app.clone(), listener, router));
+    let accept = match tls {
+        Some(tls) => {
+            let front = server::tls::start(&app, listener, tls).context("starting TLS")?;
+            tokio::spawn(server::accept_tls(app.clone(), front, router))
+        }
+        None => tokio::spawn(server::accept_loop(app.clone(), listener, router)),
+    };
     // Listening: each tenant serves as soon as its plugin is loaded (from
     // the compiled-component cache on disk, or compiled), and says
     // `plugin_loading` until then. Ready once all are.

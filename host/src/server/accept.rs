@@ -19,6 +19,12 @@ pub async fn accept_loop(app: Arc<App>, listener: TcpListener, router: axum::Rou
     accept_from(app, listener, router).await
 }
 
+/// The accept loop over TLS connections (`--tls-cert`): the plaintext of
+/// each, bridged by `tls.rs`, with its client's address.
+pub async fn accept_tls(app: Arc<App>, front: super::tls::TlsFront, router: axum::Router) {
+    accept_from(app, front, router).await
+}
+
 /// Where connections come from: the listener, or a test's stand-in that
 /// fails the way an exhausted process does.
 pub(super) trait Accept {

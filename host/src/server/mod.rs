@@ -11,7 +11,8 @@
 //! counted, never spun on; no task outlives the shutdown deadline.
 
 mod accept;
-pub use accept::accept_loop;
+pub mod tls;
+pub use accept::{accept_loop, accept_tls};
 pub mod head;
 mod http;
 mod prefixed;
@@ -150,6 +151,8 @@ fn retry_after_secs() -> u64 {
 pub struct Admitted {
     pub slot: crate::tenant::ConnectionSlot,
     pub session: Option<Arc<plugin::Session>>,
+    /// The client's address (behind TLS, not the bridge's: server/tls.rs).
+    pub remote: Option<SocketAddr>,
 }
 
 /// The WebSocket subprotocol Herald speaks; a browser client offers it
@@ -282,13 +285,15 @@ async fn admit(
     head: &RequestHead,
     peer: SocketAddr,
 ) -> Result<Admitted, Refused> {
-    match check_admission(app, tenant_id)? {
-        Admission::Done(a) => Ok(a),
+    let mut admitted = match check_admission(app, tenant_id)? {
+        Admission::Done(a) => a,
         Admission::Authorize(slot, plugin) => {
             let req = connect_request(tenant_id, transport, head, peer);
-            authorize_connect(slot, plugin, req).await
+            authorize_connect(slot, plugin, req).await?
         }
-    }
+    };
+    admitted.remote = Some(peer);
+    Ok(admitted)
 }
 
 enum Admission {
@@ -349,6 +354,7 @@ fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused
         return Ok(Admission::Done(Admitted {
             slot,
             session: None,
+            remote: None,
         }));
     }
     let Some(p) = t.plugin() else {
@@ -382,6 +388,7 @@ async fn authorize_connect(
         Ok(Ok(session)) => Ok(Admitted {
             slot,
             session: Some(Arc::new(session)),
+            remote: None,
         }),
         Ok(Err(denial)) => {
             t.metrics.refused("denied");

@@ -478,20 +478,6 @@ async fn eventually(h: &Host, prefix: &str, ok: impl Fn(f64) -> bool) {
     }
 }
 
-/// A subscriber of `c` whose socket has a tiny receive buffer and that never reads.
-async fn stalled_subscriber(h: &Host, tenant: &str) -> Ws {
-    let sock = tokio::net::TcpSocket::new_v4().unwrap();
-    sock.set_recv_buffer_size(4096).unwrap();
-    let stream = sock.connect(h.addr).await.unwrap();
-    let plain = tokio_tungstenite::MaybeTlsStream::Plain(stream);
-    let (s, _) = tokio_tungstenite::client_async(h.ws_url(tenant), plain)
-        .await
-        .unwrap();
-    let mut ws = Ws { s };
-    ws.sub("c", 1).await;
-    ws
-}
-
 #[test]
 fn metric_names_skip_labels_strings_and_durations() {
     assert_eq!(

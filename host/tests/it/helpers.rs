@@ -56,21 +56,7 @@ pub async fn spawn_with(opts: HostOptions) -> Host {
 
 /// Starts a host and returns once it listens (/healthz), before it is ready.
 pub async fn spawn_unready(opts: HostOptions) -> (Host, ()) {
-    let listener = herald::bind("127.0.0.1:0".parse().unwrap(), 1024, false).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (tx, rx) = oneshot::channel();
-    let data_dir = opts.config.data_dir.clone();
-    let task = tokio::spawn(herald::run(opts.config, listener, async {
-        let _ = rx.await;
-    }));
-    let host = Host {
-        addr,
-        http: reqwest::Client::new(),
-        stop: Some(tx),
-        task: Some(task),
-        data_dir,
-        _dir: opts.dir,
-    };
+    let host = spawn_unchecked(opts);
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         if let Ok(r) = host.http.get(host.url("/healthz")).send().await {
@@ -85,6 +71,26 @@ pub async fn spawn_unready(opts: HostOptions) -> (Host, ()) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     (host, ())
+}
+
+/// Starts a host without waiting for anything (its listener is bound:
+/// connections wait in the backlog until it serves).
+pub fn spawn_unchecked(opts: HostOptions) -> Host {
+    let listener = herald::bind("127.0.0.1:0".parse().unwrap(), 1024, false).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = oneshot::channel();
+    let data_dir = opts.config.data_dir.clone();
+    let task = tokio::spawn(herald::run(opts.config, listener, async {
+        let _ = rx.await;
+    }));
+    Host {
+        addr,
+        http: reqwest::Client::new(),
+        stop: Some(tx),
+        task: Some(task),
+        data_dir,
+        _dir: opts.dir,
+    }
 }
 
 /// Waits for /readyz (every plugin of the start loaded; compiling a large
@@ -324,6 +330,21 @@ pub async fn ws_at(url: &str) -> Result<Ws, (u16, Value)> {
         }
         Err(e) => panic!("{e}"),
     }
+}
+
+/// A subscriber of `c` whose socket has a tiny receive buffer and that
+/// never reads: its queue fills under the tenant's slow-consumer policy.
+pub async fn stalled_subscriber(h: &Host, tenant: &str) -> Ws {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let stream = sock.connect(h.addr).await.unwrap();
+    let plain = tokio_tungstenite::MaybeTlsStream::Plain(stream);
+    let (s, _) = tokio_tungstenite::client_async(h.ws_url(tenant), plain)
+        .await
+        .unwrap();
+    let mut ws = Ws { s };
+    ws.sub("c", 1).await;
+    ws
 }
 
 /// A component built by plugins/build.sh (the test script builds them).

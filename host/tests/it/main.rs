@@ -1,5 +1,6 @@
 //! Integration tests: one binary, real sockets, a real registry.
 
+mod api_fuzz;
 mod bad_input;
 mod browser;
 mod cli;
@@ -25,3 +26,4 @@ mod protections;
 mod pubsub;
 mod readme;
 mod slow;
+mod tls;

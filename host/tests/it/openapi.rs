@@ -112,7 +112,13 @@ struct Checker {
 
 impl Checker {
     /// Checks one real answer of `method template` against the document.
-    async fn check(&mut self, method: &str, template: &str, r: reqwest::Response) -> (u16, Value) {
+    async fn check(
+        &mut self,
+        method: &str,
+        template: &str,
+        req: reqwest::RequestBuilder,
+    ) -> (u16, Value) {
+        let r = req.send().await.unwrap();
         let status = r.status().as_u16();
         let kind = r
             .headers()
@@ -182,9 +188,7 @@ async fn every_operation_answers_as_the_generated_document_says() {
 
     // Health.
     for p in ["/healthz", "/readyz", "/metrics", "/admin/v1/openapi.json"] {
-        let (s, _) = c
-            .check("get", p, h.http.get(h.url(p)).send().await.unwrap())
-            .await;
+        let (s, _) = c.check("get", p, h.http.get(h.url(p))).await;
         assert_eq!(s, 200, "{p}");
     }
 
@@ -192,81 +196,44 @@ async fn every_operation_answers_as_the_generated_document_says() {
     let t = "/admin/v1/tenants";
     let body = json!({"id": "doc", "access": "public", "config": {"a": 1}, "limits": {"history_size": 50},
         "conflation": {"window_ms": 0}, "allowed_origins": ["http://localhost:1"]});
-    let (s, created) = c
-        .check(
-            "post",
-            t,
-            admin(Method::POST, t).json(&body).send().await.unwrap(),
-        )
-        .await;
+    let (s, created) = c.check("post", t, admin(Method::POST, t).json(&body)).await;
     assert_eq!(s, 201);
     let key = created["publish_key"].as_str().unwrap().to_string();
     assert_eq!(
-        c.check(
-            "post",
-            t,
-            admin(Method::POST, t).json(&body).send().await.unwrap()
-        )
-        .await
-        .0,
+        c.check("post", t, admin(Method::POST, t).json(&body))
+            .await
+            .0,
         409
     );
     assert_eq!(
         c.check(
             "post",
             t,
-            admin(Method::POST, t)
-                .json(&json!({"id": "Bad!"}))
-                .send()
-                .await
-                .unwrap()
+            admin(Method::POST, t).json(&json!({"id": "Bad!"}))
         )
         .await
         .0,
         400
     );
     assert_eq!(
-        c.check(
-            "post",
-            t,
-            h.http.post(h.url(t)).json(&body).send().await.unwrap()
-        )
-        .await
-        .0,
+        c.check("post", t, h.http.post(h.url(t)).json(&body))
+            .await
+            .0,
         401
     );
     h.public_tenant("plain").await;
+    assert_eq!(c.check("get", t, admin(Method::GET, t)).await.0, 200);
+    let one = "/admin/v1/tenants/{tenant}";
     assert_eq!(
-        c.check("get", t, admin(Method::GET, t).send().await.unwrap())
+        c.check("get", one, admin(Method::GET, "/admin/v1/tenants/doc"))
             .await
             .0,
         200
     );
-    let one = "/admin/v1/tenants/{tenant}";
     assert_eq!(
-        c.check(
-            "get",
-            one,
-            admin(Method::GET, "/admin/v1/tenants/doc")
-                .send()
-                .await
-                .unwrap()
-        )
-        .await
-        .0,
-        200
-    );
-    assert_eq!(
-        c.check(
-            "get",
-            one,
-            admin(Method::GET, "/admin/v1/tenants/none")
-                .send()
-                .await
-                .unwrap()
-        )
-        .await
-        .0,
+        c.check("get", one, admin(Method::GET, "/admin/v1/tenants/none"))
+            .await
+            .0,
         404
     );
     let patch = json!({"limits": {"history_size": null}, "allowed_origins": null});
@@ -274,11 +241,7 @@ async fn every_operation_answers_as_the_generated_document_says() {
         c.check(
             "patch",
             one,
-            admin(Method::PATCH, "/admin/v1/tenants/doc")
-                .json(&patch)
-                .send()
-                .await
-                .unwrap()
+            admin(Method::PATCH, "/admin/v1/tenants/doc").json(&patch)
         )
         .await
         .0,
@@ -288,11 +251,7 @@ async fn every_operation_answers_as_the_generated_document_says() {
         c.check(
             "patch",
             one,
-            admin(Method::PATCH, "/admin/v1/tenants/doc")
-                .json(&json!({"limits": 3}))
-                .send()
-                .await
-                .unwrap()
+            admin(Method::PATCH, "/admin/v1/tenants/doc").json(&json!({"limits": 3}))
         )
         .await
         .0,
@@ -303,10 +262,7 @@ async fn every_operation_answers_as_the_generated_document_says() {
         .check(
             "post",
             rot,
-            admin(Method::POST, "/admin/v1/tenants/doc/publish-key")
-                .send()
-                .await
-                .unwrap(),
+            admin(Method::POST, "/admin/v1/tenants/doc/publish-key"),
         )
         .await;
     assert_eq!(s, 200);
@@ -317,9 +273,6 @@ async fn every_operation_answers_as_the_generated_document_says() {
             "get",
             src,
             admin(Method::GET, "/admin/v1/tenants/doc/source")
-                .send()
-                .await
-                .unwrap()
         )
         .await
         .0,
@@ -331,9 +284,6 @@ async fn every_operation_answers_as_the_generated_document_says() {
             src,
             admin(Method::PUT, "/admin/v1/tenants/doc/source")
                 .json(&json!({"kind": "http", "stall_after_ms": 60000}))
-                .send()
-                .await
-                .unwrap()
         )
         .await
         .0,
@@ -343,11 +293,7 @@ async fn every_operation_answers_as_the_generated_document_says() {
         c.check(
             "put",
             src,
-            admin(Method::PUT, "/admin/v1/tenants/doc/source")
-                .json(&json!({"kind": "pigeon"}))
-                .send()
-                .await
-                .unwrap()
+            admin(Method::PUT, "/admin/v1/tenants/doc/source").json(&json!({"kind": "pigeon"}))
         )
         .await
         .0,
@@ -357,7 +303,7 @@ async fn every_operation_answers_as_the_generated_document_says() {
         c.check(
             "get",
             "/admin/v1/nodes",
-            admin(Method::GET, "/admin/v1/nodes").send().await.unwrap()
+            admin(Method::GET, "/admin/v1/nodes")
         )
         .await
         .0,
@@ -379,9 +325,6 @@ async fn every_operation_answers_as_the_generated_document_says() {
             "post",
             p,
             publish(json!({"ch": "prices", "data": {"px": 1}, "key": "k"}))
-                .send()
-                .await
-                .unwrap()
         )
         .await
         .0,
@@ -391,22 +334,14 @@ async fn every_operation_answers_as_the_generated_document_says() {
         .check(
             "post",
             p,
-            publish(json!([{"ch": "prices", "data": 2}, {"ch": "other", "data": "x"}]))
-                .send()
-                .await
-                .unwrap(),
+            publish(json!([{"ch": "prices", "data": 2}, {"ch": "other", "data": "x"}])),
         )
         .await;
     assert_eq!(
         (s, batch["results"].as_array().map(Vec::len)),
         (200, Some(2))
     );
-    assert_eq!(
-        c.check("post", p, publish(json!({"data": 1})).send().await.unwrap())
-            .await
-            .0,
-        400
-    );
+    assert_eq!(c.check("post", p, publish(json!({"data": 1}))).await.0, 400);
     assert_eq!(
         c.check(
             "post",
@@ -415,9 +350,6 @@ async fn every_operation_answers_as_the_generated_document_says() {
                 .post(h.url("/v1/t/doc/publish"))
                 .bearer_auth("wrong")
                 .json(&json!({"ch": "a", "data": 1}))
-                .send()
-                .await
-                .unwrap()
         )
         .await
         .0,
@@ -433,10 +365,7 @@ async fn every_operation_answers_as_the_generated_document_says() {
             admin(
                 Method::GET,
                 "/admin/v1/tenants/doc/channels/prices/history?since=0&limit=10",
-            )
-            .send()
-            .await
-            .unwrap(),
+            ),
         )
         .await;
     assert_eq!((s, v["messages"].as_array().map(Vec::len)), (200, Some(2)));
@@ -448,9 +377,6 @@ async fn every_operation_answers_as_the_generated_document_says() {
                 Method::GET,
                 "/admin/v1/tenants/doc/channels/prices/history?limit=0"
             )
-            .send()
-            .await
-            .unwrap()
         )
         .await
         .0,
@@ -464,9 +390,6 @@ async fn every_operation_answers_as_the_generated_document_says() {
                 Method::GET,
                 "/admin/v1/tenants/doc/channels/nothing/history"
             )
-            .send()
-            .await
-            .unwrap()
         )
         .await
         .0,
@@ -477,10 +400,7 @@ async fn every_operation_answers_as_the_generated_document_says() {
         .check(
             "get",
             conns,
-            admin(Method::GET, "/admin/v1/tenants/doc/connections")
-                .send()
-                .await
-                .unwrap(),
+            admin(Method::GET, "/admin/v1/tenants/doc/connections"),
         )
         .await;
     assert_eq!(
@@ -495,9 +415,6 @@ async fn every_operation_answers_as_the_generated_document_says() {
             disc,
             admin(Method::POST, "/admin/v1/tenants/doc/disconnect")
                 .json(&json!({"session": session}))
-                .send()
-                .await
-                .unwrap()
         )
         .await
         .0,
@@ -507,11 +424,7 @@ async fn every_operation_answers_as_the_generated_document_says() {
         c.check(
             "post",
             disc,
-            admin(Method::POST, "/admin/v1/tenants/doc/disconnect")
-                .json(&json!({}))
-                .send()
-                .await
-                .unwrap()
+            admin(Method::POST, "/admin/v1/tenants/doc/disconnect").json(&json!({}))
         )
         .await
         .0,
@@ -527,29 +440,18 @@ async fn every_operation_answers_as_the_generated_document_says() {
             .body(bytes)
     };
     let (s, small) = c
-        .check(
-            "post",
-            plugins,
-            upload(plugin_wasm("ticker_conflate")).send().await.unwrap(),
-        )
+        .check("post", plugins, upload(plugin_wasm("ticker_conflate")))
         .await;
     assert_eq!(s, 201, "{small}");
     let (s, other) = c
-        .check(
-            "post",
-            plugins,
-            upload(plugin_wasm("redact")).send().await.unwrap(),
-        )
+        .check("post", plugins, upload(plugin_wasm("redact")))
         .await;
     assert_eq!(s, 201, "{other}");
     assert_eq!(
-        c.check(
-            "post",
-            plugins,
-            upload(b"not wasm".to_vec()).send().await.unwrap()
-        )
-        .await
-        .0 / 100,
+        c.check("post", plugins, upload(b"not wasm".to_vec()))
+            .await
+            .0
+            / 100,
         4
     );
     let big = std::fs::read(
@@ -558,21 +460,13 @@ async fn every_operation_answers_as_the_generated_document_says() {
     )
     .expect("plugins/example/build.sh built the Python component");
     assert!(big.len() > 1 << 20);
-    let (s, accepted) = c
-        .check("post", plugins, upload(big).send().await.unwrap())
-        .await;
+    let (s, accepted) = c.check("post", plugins, upload(big)).await;
     assert_eq!(s, 202, "{accepted}");
     let status = "/admin/v1/tenants/{tenant}/uploads/{sha256}";
     let url = accepted["status_url"].as_str().unwrap().to_string();
     let stored = tokio::time::timeout(Duration::from_secs(120), async {
         loop {
-            let (s, v) = c
-                .check(
-                    "get",
-                    status,
-                    admin(Method::GET, &url).send().await.unwrap(),
-                )
-                .await;
+            let (s, v) = c.check("get", status, admin(Method::GET, &url)).await;
             assert_eq!(s, 200);
             if v["status"] != "compiling" {
                 return v;
@@ -588,9 +482,6 @@ async fn every_operation_answers_as_the_generated_document_says() {
             "get",
             status,
             admin(Method::GET, "/admin/v1/tenants/doc/uploads/00")
-                .send()
-                .await
-                .unwrap()
         )
         .await
         .0,
@@ -601,9 +492,6 @@ async fn every_operation_answers_as_the_generated_document_says() {
             "get",
             plugins,
             admin(Method::GET, "/admin/v1/tenants/doc/plugins")
-                .send()
-                .await
-                .unwrap()
         )
         .await
         .0,
@@ -616,9 +504,6 @@ async fn every_operation_answers_as_the_generated_document_says() {
             "post",
             rb,
             admin(Method::POST, "/admin/v1/tenants/doc/plugins/rollback")
-                .send()
-                .await
-                .unwrap()
         )
         .await
         .0,
@@ -627,13 +512,7 @@ async fn every_operation_answers_as_the_generated_document_says() {
     for v in [&small, &other] {
         let path = format!("/admin/v1/tenants/doc/plugins/{}/activate", v["version"]);
         assert_eq!(
-            c.check(
-                "post",
-                act,
-                admin(Method::POST, &path).send().await.unwrap()
-            )
-            .await
-            .0,
+            c.check("post", act, admin(Method::POST, &path)).await.0,
             200
         );
     }
@@ -642,9 +521,6 @@ async fn every_operation_answers_as_the_generated_document_says() {
             "post",
             act,
             admin(Method::POST, "/admin/v1/tenants/doc/plugins/999/activate")
-                .send()
-                .await
-                .unwrap()
         )
         .await
         .0,
@@ -654,10 +530,7 @@ async fn every_operation_answers_as_the_generated_document_says() {
         .check(
             "post",
             rb,
-            admin(Method::POST, "/admin/v1/tenants/doc/plugins/rollback")
-                .send()
-                .await
-                .unwrap(),
+            admin(Method::POST, "/admin/v1/tenants/doc/plugins/rollback"),
         )
         .await;
     assert_eq!((s, &v["active"]), (200, &small["version"]));
@@ -667,9 +540,6 @@ async fn every_operation_answers_as_the_generated_document_says() {
             "post",
             de,
             admin(Method::POST, "/admin/v1/tenants/doc/plugins/deactivate")
-                .send()
-                .await
-                .unwrap()
         )
         .await
         .0,
@@ -682,9 +552,6 @@ async fn every_operation_answers_as_the_generated_document_says() {
             "delete",
             one,
             admin(Method::DELETE, "/admin/v1/tenants/plain")
-                .send()
-                .await
-                .unwrap()
         )
         .await
         .0,
@@ -695,9 +562,6 @@ async fn every_operation_answers_as_the_generated_document_says() {
             "delete",
             one,
             admin(Method::DELETE, "/admin/v1/tenants/plain")
-                .send()
-                .await
-                .unwrap()
         )
         .await
         .0,

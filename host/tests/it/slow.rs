@@ -12,20 +12,6 @@ const MESSAGES: u64 = 1600;
 /// the whole flood (3.2 MB) is far more than a stalled socket and queue hold.
 const BATCH: u64 = 10;
 
-/// A subscriber whose socket has a tiny receive buffer and that stops reading.
-async fn stalled_subscriber(h: &Host, tenant: &str) -> Ws {
-    let sock = tokio::net::TcpSocket::new_v4().unwrap();
-    sock.set_recv_buffer_size(4096).unwrap();
-    let stream = sock.connect(h.addr).await.unwrap();
-    let plain = tokio_tungstenite::MaybeTlsStream::Plain(stream);
-    let (s, _) = tokio_tungstenite::client_async(h.ws_url(tenant), plain)
-        .await
-        .unwrap();
-    let mut ws = Ws { s };
-    ws.sub("c", 1).await;
-    ws
-}
-
 async fn flood(h: &Host, tenant: &str, key: &str, keyed: bool) {
     let pad = "p".repeat(2000);
     for batch in 0..(MESSAGES / BATCH) {

@@ -178,6 +178,7 @@ mod tests {
             Admitted {
                 slot,
                 session: None,
+                remote: None,
             },
         );
         let ws = std::mem::size_of_val(&fut);
@@ -198,6 +199,7 @@ mod tests {
             Admitted {
                 slot,
                 session: None,
+                remote: None,
             },
         ));
         eprintln!("session futures: ws {ws} B, sse {sse} B");

@@ -46,17 +46,18 @@ pub struct SseRequest {
 
 /// Runs an SSE stream until it ends. The response head was already written.
 pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted: Admitted) {
-    let Admitted { slot, session } = admitted;
+    let Admitted {
+        slot,
+        session,
+        remote,
+    } = admitted;
     let tenant = slot.tenant.clone();
     let settings = tenant.settings();
     let audience = session
         .as_ref()
         .and_then(|s| s.audience.as_deref())
         .map(Arc::from);
-    let info = SessionInfo::new(
-        session.as_ref().map(|s| s.subject.as_str()),
-        stream.peer_addr().ok(),
-    );
+    let info = SessionInfo::new(session.as_ref().map(|s| s.subject.as_str()), remote);
     drop(session);
     let handle = SessionHandle::with_info(
         Wire::Sse,

@@ -81,8 +81,11 @@ async fn settle(
 /// Runs a WebSocket session until it ends. `early` holds bytes the client
 /// sent right after its handshake request.
 pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: Admitted) {
-    let Admitted { slot, session } = admitted;
-    let remote = stream.peer_addr().ok();
+    let Admitted {
+        slot,
+        session,
+        remote,
+    } = admitted;
     let mut s = WsSession::open(
         slot.tenant.clone(),
         session,

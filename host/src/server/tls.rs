@@ -1,0 +1,155 @@
+//! Optional TLS (`--tls-cert`, `--tls-key`) for deployments without a
+//! terminating proxy.
+//!
+//! Owns: the public listener when TLS is on. Each connection's handshake
+//! (rustls, ring; bounded in number by `--max-pending-connections` and in
+//! time by `--head-timeout-secs`) is done here, and the plaintext is bridged
+//! over loopback to a private listener that the ordinary accept loop serves:
+//! every session, limit and refusal path is the same with and without TLS.
+//! Invariants: the front door sees the client's own address, not the
+//! bridge's (each bridge registers its loopback port before it connects,
+//! and the accept side takes that entry once); a TLS session holds three
+//! sockets (client, and both ends of the bridge), so the connection capacity
+//! derived from the open-files limit is a third of the plaintext one; a
+//! failed handshake costs nothing past its deadline.
+//!
+//! The trade, and why: sessions are written against `TcpStream` readiness
+//! (`try_write_vectored` of queued frames, see session/writer.rs) so that an
+//! idle session holds no buffer; TLS inside them would need a stream of its
+//! own through every path. The bridge costs a TLS session two loopback
+//! sockets and the copy buffers (tens of KiB): for the largest deployments a
+//! terminating proxy in front stays the cheaper choice.
+
+use crate::app::App;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio_rustls::rustls;
+
+/// The server's certificate chain and key, read and checked at start.
+pub fn load(cert: &Path, key: &Path) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    use anyhow::Context as _;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("--tls-cert {}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("--tls-cert {}: not PEM certificates", cert.display()))?;
+    if certs.is_empty() {
+        anyhow::bail!("--tls-cert {}: no certificate in it", cert.display());
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("--tls-key {}: no PEM private key", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .context("--tls-cert and --tls-key do not make a usable pair")?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Where the accept loop takes TLS connections from: the private listener,
+/// with each bridge's client address restored.
+pub struct TlsFront {
+    internal: TcpListener,
+    peers: Arc<Mutex<HashMap<u16, SocketAddr>>>,
+}
+
+impl super::accept::Accept for TlsFront {
+    async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        let (stream, bridge) = self.internal.accept().await?;
+        let peer = self.peers.lock().remove(&bridge.port()).unwrap_or(bridge);
+        Ok((stream, peer))
+    }
+}
+
+/// Starts terminating TLS on `public`; returns what the accept loop reads.
+pub fn start(
+    app: &Arc<App>,
+    public: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+) -> io::Result<TlsFront> {
+    let internal = std::net::TcpListener::bind("127.0.0.1:0")?;
+    internal.set_nonblocking(true)?;
+    let internal = TcpListener::from_std(internal)?;
+    let to = internal.local_addr()?;
+    let peers = Arc::new(Mutex::new(HashMap::new()));
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    app.tracker
+        .spawn(terminate(app.clone(), public, acceptor, to, peers.clone()));
+    Ok(TlsFront { internal, peers })
+}
+
+async fn terminate(
+    app: Arc<App>,
+    public: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    to: SocketAddr,
+    peers: Arc<Mutex<HashMap<u16, SocketAddr>>>,
+) {
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(
+        app.config.max_pending_connections.max(1),
+    ));
+    let deadline = app.config.head_timeout;
+    loop {
+        let permit = tokio::select! {
+            _ = app.accepting.cancelled() => return,
+            p = handshakes.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        let (tcp, peer) = tokio::select! {
+            _ = app.accepting.cancelled() => return,
+            r = public.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!(error = %e, "TLS accept failed");
+                    crate::metrics::accept_error("tls");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+            },
+        };
+        let (acceptor, peers) = (acceptor.clone(), peers.clone());
+        app.tracker.spawn(async move {
+            let _ = tcp.set_nodelay(true);
+            let Ok(Ok(mut tls)) = tokio::time::timeout(deadline, acceptor.accept(tcp)).await else {
+                return;
+            };
+            drop(permit);
+            let _ = bridge(&mut tls, peer, to, &peers).await;
+        });
+    }
+}
+
+/// Carries one TLS connection's plaintext to the private listener and back.
+async fn bridge(
+    tls: &mut tokio_rustls::server::TlsStream<TcpStream>,
+    peer: SocketAddr,
+    to: SocketAddr,
+    peers: &Mutex<HashMap<u16, SocketAddr>>,
+) -> io::Result<()> {
+    let sock = TcpSocket::new_v4()?;
+    sock.bind("127.0.0.1:0".parse().expect("an address"))?;
+    let port = sock.local_addr()?.port();
+    peers.lock().insert(port, peer);
+    let mut inner = match sock.connect(to).await {
+        Ok(s) => s,
+        Err(e) => {
+            peers.lock().remove(&port);
+            return Err(e);
+        }
+    };
+    let _ = inner.set_nodelay(true);
+    tokio::io::copy_bidirectional(tls, &mut inner).await?;
+    Ok(())
+}
