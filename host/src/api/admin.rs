@@ -311,10 +311,7 @@ pub(super) async fn show_source(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let t = app
-        .tenants
-        .get(&id)
-        .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
+    let t = super::live_tenant(&app, &id)?;
     Ok(Json(source_view(&t)))
 }
 

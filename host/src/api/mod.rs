@@ -241,6 +241,13 @@ pub(super) async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], doc::json()).into_response()
 }
 
+/// The live tenant `id` on this node, or 404.
+pub(crate) fn live_tenant(app: &App, id: &str) -> Result<Arc<crate::tenant::Tenant>, ApiError> {
+    app.tenants
+        .get(id)
+        .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))
+}
+
 /// Parses a JSON body, naming the field at fault in the error.
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid body: {e}")))

@@ -7,14 +7,13 @@
 //! but the trim a subscribe would do anyway; a disconnect closes sessions
 //! through their handles, like a tenant removal, with the code asked for.
 
-use super::ApiError;
+use super::{live_tenant, ApiError};
 use crate::app::App;
 use crate::fanout::queue::Wire;
 use crate::fanout::session::QueueClose;
 use crate::fanout::Serves;
 use crate::proto::ws::close;
 use crate::registry::now_ms;
-use crate::tenant::Tenant;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::routing::{get, post};
@@ -28,12 +27,6 @@ pub(super) fn routes() -> Router<Arc<App>> {
         .route("/tenants/{tenant}/channels/{channel}/history", get(history))
         .route("/tenants/{tenant}/connections", get(connections))
         .route("/tenants/{tenant}/disconnect", post(disconnect))
-}
-
-fn live_tenant(app: &App, id: &str) -> Result<Arc<Tenant>, ApiError> {
-    app.tenants
-        .get(id)
-        .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))
 }
 
 /// Positions a history read returns when `limit` is not given, and at most.

@@ -133,10 +133,7 @@ pub(super) async fn upload(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let tenant = app
-        .tenants
-        .get(&id)
-        .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
+    let tenant = super::live_tenant(&app, &id)?;
     let settings = tenant.settings();
     if body.is_empty() {
         return Err(ApiError::BadRequest(
@@ -218,10 +215,7 @@ pub(super) async fn upload_status(
 /// Compiles, loads and checks a component under the tenant's sandbox, then
 /// stores it as the tenant's next version; the upload's answer.
 async fn store_upload(app: &Arc<App>, id: &str, body: Bytes) -> Result<Value, ApiError> {
-    let tenant = app
-        .tenants
-        .get(id)
-        .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
+    let tenant = super::live_tenant(app, id)?;
     let settings = tenant.settings();
     let sha256 = sha256_hex(&body);
     let activation = Activation {
@@ -327,10 +321,7 @@ pub(super) async fn activate(
     State(app): State<Arc<App>>,
     Path((id, version)): Path<(String, i64)>,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = app
-        .tenants
-        .get(&id)
-        .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
+    let tenant = super::live_tenant(&app, &id)?;
     // Loaded first: a version that does not load here is refused unrecorded.
     let loaded = app.load_plugin(&tenant, version).await?;
     let info = loaded.info.clone();
