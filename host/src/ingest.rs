@@ -169,6 +169,12 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
     if let Some(version) = tenant.plugin_unavailable() {
         return Err(PluginError::Unavailable(version));
     }
+    // How far this node has read, before anything of the batch is published
+    // (ARCHITECTURE.md, "Positions"): a channel made from now on knows it
+    // may have missed these records, never the other way round.
+    for p in records.iter().filter_map(|r| r.position) {
+        tenant.hub.read_to(p.stream, p.number);
+    }
     let settings = tenant.settings();
     let plugin = tenant.plugin().filter(|p| p.info.hooks.transform);
     let outputs = match &plugin {

@@ -33,7 +33,7 @@ use position::{SourcePos, MESSAGES_PER_RECORD};
 use queue::Wire;
 use session::{Delivery, SessionHandle};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Which sessions a frame is for.
@@ -283,18 +283,51 @@ struct Channel {
     untagged_last: u64,
     /// Per audience, the last position that had a variant tagged for it.
     tagged_last: HashMap<Arc<str>, u64>,
+    /// The highest last position of audiences no longer tracked (a plugin
+    /// tagging per user, a channel revived from its tomb): what such an
+    /// audience may have been sent, so its resume reports a gap too eagerly
+    /// rather than missing one.
+    forgotten_last: u64,
     rebased: bool,
     /// The epoch is the source's (`Hub::new_source`), the same on every node
     /// reading it, so positions a client got elsewhere mean the same here.
     shared_epoch: bool,
+    /// Positions up to here may have been read before this node knew the
+    /// channel (an earlier process, before a sweep left no tomb, before the
+    /// reader's start): what the channel had there is unknown here. Past it,
+    /// every record this node read was applied to the channel. `None` until
+    /// the reader has said where it starts (`Hub::reading_from`).
+    known_from: Option<u64>,
 }
+
+/// What a channel dropped by a sweep (or its last unsubscribe) leaves behind,
+/// so that its next use continues its positions instead of forgetting them.
+struct Tomb {
+    epoch: u64,
+    seq: u64,
+    untagged_last: u64,
+    /// The highest last position of any tagged audience.
+    tagged_last: u64,
+    shared_epoch: bool,
+    rebased: bool,
+    known_from: Option<u64>,
+    marks: Vec<Mark>,
+}
+
+/// Tombs a hub keeps at most; past it the oldest half is forgotten (a resume
+/// on such a channel then gets a conservative `gap`, never silence).
+const MAX_TOMBS: usize = 65_536;
 
 /// A session in a channel's live set.
 struct Subscriber {
     handle: Arc<SessionHandle>,
-    /// Positions up to here are not sent: the session resumed from another
-    /// node that had read further than this one (see `Hub::subscribe`).
+    /// Positions up to here are not sent: the session has them (it resumed
+    /// from there, possibly on a node that had read further than this one),
+    /// or was told they are a gap (see `Hub::subscribe`).
     floor: u64,
+    /// The session resumed from `since` while this node did not yet know
+    /// where its reader starts: its gap is settled by `Hub::reading_from`.
+    pending: Option<u64>,
 }
 
 /// The epoch of channel `name` of a source known by `seed`: the same on
@@ -308,12 +341,37 @@ fn shared_epoch(seed: u64, name: &str) -> u64 {
     (u64::from_be_bytes(d[..8].try_into().unwrap_or_default()) >> 12).max(1)
 }
 
+/// The epoch a channel takes when it rebases at `at` with `seq` published.
+fn rebased_epoch(epoch: u64, seq: u64, at: At) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for n in [epoch, seq, at.pos.stream as u64, at.pos.number, at.index] {
+        h.update(n.to_be_bytes());
+    }
+    let d = h.finalize();
+    (u64::from_be_bytes(d[..8].try_into().unwrap_or_default()) >> 12).max(1)
+}
+
+/// The last position of a record `number` (all its messages), in `seq` units.
+fn upto(number: u64) -> u64 {
+    if number == 0 {
+        0
+    } else {
+        number
+            .saturating_mul(MESSAGES_PER_RECORD)
+            .saturating_add(MESSAGES_PER_RECORD - 1)
+    }
+}
+
+/// `Hub::start` before the reader has said where it starts.
+const UNKNOWN: u64 = u64::MAX;
+
 fn key_of(s: &Arc<SessionHandle>) -> usize {
     Arc::as_ptr(s) as usize
 }
 
 impl Channel {
-    fn new(name: Arc<str>, seed: Option<u64>) -> Channel {
+    fn new(name: Arc<str>, seed: Option<u64>, known_from: Option<u64>) -> Channel {
         Channel {
             epoch: seed.map_or_else(new_epoch, |s| shared_epoch(s, &name)),
             shared_epoch: seed.is_some(),
@@ -325,7 +383,72 @@ impl Channel {
             marks: Vec::new(),
             untagged_last: 0,
             tagged_last: HashMap::new(),
+            forgotten_last: 0,
             rebased: false,
+            known_from,
+        }
+    }
+
+    /// The channel as its tomb left it: the same epoch and positions, no
+    /// history (it had none left, or the sweep would have kept it).
+    fn revive(name: Arc<str>, t: Tomb) -> Channel {
+        Channel {
+            epoch: t.epoch,
+            shared_epoch: t.shared_epoch,
+            seq: t.seq,
+            untagged_last: t.untagged_last,
+            forgotten_last: t.tagged_last,
+            rebased: t.rebased,
+            known_from: t.known_from,
+            marks: t.marks,
+            ..Channel::new(name, None, None)
+        }
+    }
+
+    fn tomb(&mut self) -> Tomb {
+        Tomb {
+            epoch: self.epoch,
+            seq: self.seq,
+            untagged_last: self.untagged_last,
+            tagged_last: self
+                .tagged_last
+                .values()
+                .copied()
+                .fold(self.forgotten_last, u64::max),
+            shared_epoch: self.shared_epoch,
+            rebased: self.rebased,
+            known_from: self.known_from,
+            marks: std::mem::take(&mut self.marks),
+        }
+    }
+
+    /// Starts the channel over in another position space (a new source):
+    /// nothing of the old one means anything there. Its subscribers are told
+    /// the new epoch by an `ack` without an id.
+    fn restart(&mut self, seed: Option<u64>, total: &AtomicUsize) {
+        self.forget(total);
+        self.epoch = seed.map_or_else(new_epoch, |s| shared_epoch(s, &self.name));
+        self.shared_epoch = seed.is_some();
+        self.seq = 0;
+        self.untagged_last = 0;
+        self.tagged_last.clear();
+        self.forgotten_last = 0;
+        self.marks.clear();
+        self.rebased = false;
+        self.known_from = None;
+        self.announce_epoch();
+    }
+
+    /// Tells every subscriber the channel's epoch changed (a rebase, a new
+    /// source): an `ack` without an id restates the subscription. Floors of
+    /// the old epoch mean nothing in the new one.
+    fn announce_epoch(&mut self) {
+        for s in self.subscribers.values_mut() {
+            s.floor = 0;
+            s.pending = None;
+            let head = self.untagged_last;
+            let json = proto::encode_ack(None, Some((&self.name, self.epoch, head)));
+            s.handle.deliver_ctrl("ack", &json);
         }
     }
 
@@ -355,8 +478,11 @@ impl Channel {
 
     /// The last position sessions of `audience` were sent.
     fn last_for(&self, audience: Option<&str>) -> u64 {
-        match audience.and_then(|a| self.tagged_last.get(a)) {
-            Some(&t) => t.max(self.untagged_last),
+        match audience {
+            Some(a) => match self.tagged_last.get(a) {
+                Some(&t) => t.max(self.untagged_last),
+                None => self.untagged_last.max(self.forgotten_last),
+            },
             None => self.untagged_last,
         }
     }
@@ -405,10 +531,14 @@ impl Channel {
         report.first_rebase = !self.rebased;
         self.rebased = true;
         if self.shared_epoch {
-            // Numbers from here on are this node's own: a client resuming
-            // elsewhere with them must get a gap, not another's positions.
-            self.epoch = new_epoch();
+            // Numbers from here on follow this node's channel, not the source
+            // alone: a new epoch, derived from where the rebase happened, so
+            // nodes whose channel was in the same state agree on it, and a
+            // client holding the old epoch's numbers gets a gap, never
+            // another numbering's positions.
+            self.epoch = rebased_epoch(self.epoch, self.seq, at);
             self.shared_epoch = false;
+            self.announce_epoch();
         }
         Ok(self.seq + 1)
     }
@@ -492,12 +622,20 @@ impl Channel {
             self.tagged_last.retain(|_, t| *t > rest);
         }
         if self.tagged_last.len() > TRACKED_AUDIENCES * 4 {
-            // A plugin tagging per user: keep the most recent. A forgotten
-            // audience's next `prev` is then lower than it saw — never a
-            // false gap, only a missed one for that audience.
+            // A plugin tagging per user: keep the most recent. What the
+            // forgotten ones were sent is kept as one number: their resume
+            // reports a gap too eagerly rather than missing one.
             let mut lasts: Vec<u64> = self.tagged_last.values().copied().collect();
             let (_, &mut cut, _) = lasts.select_nth_unstable_by(TRACKED_AUDIENCES, |a, b| b.cmp(a));
-            self.tagged_last.retain(|_, t| *t > cut);
+            let mut forgotten = self.forgotten_last;
+            self.tagged_last.retain(|_, t| {
+                let keep = *t > cut;
+                if !keep {
+                    forgotten = forgotten.max(*t);
+                }
+                keep
+            });
+            self.forgotten_last = forgotten;
         }
     }
 }
@@ -510,6 +648,19 @@ pub struct Hub {
     /// The source's epoch seed (`new_source`); `None`: every channel picks a
     /// random epoch (positions of this node alone).
     seed: Mutex<Option<u64>>,
+    /// Positions up to here (`seq` units) were read before this node's
+    /// reader started: by an earlier process, or never by this node (a node
+    /// new to the source starts past them). [`UNKNOWN`] until the reader says.
+    start: AtomicU64,
+    /// The highest position this node's reader has read (`start` at least).
+    read: AtomicU64,
+    /// The first stream read (+1; 0: none yet), and whether another was:
+    /// with several streams, `read` is the highest of unrelated number
+    /// spaces, so it says nothing exact about any one channel's stream.
+    stream: AtomicU64,
+    several: std::sync::atomic::AtomicBool,
+    /// What channels dropped while empty left behind (see [`Tomb`]).
+    tombs: Mutex<HashMap<Arc<str>, Tomb>>,
 }
 
 impl Default for Hub {
@@ -518,6 +669,11 @@ impl Default for Hub {
             channels: Mutex::new(HashMap::new()),
             history_bytes: AtomicUsize::new(0),
             seed: Mutex::new(None),
+            start: AtomicU64::new(UNKNOWN),
+            read: AtomicU64::new(0),
+            stream: AtomicU64::new(0),
+            several: std::sync::atomic::AtomicBool::new(false),
+            tombs: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -536,10 +692,83 @@ impl Hub {
             return c.clone();
         }
         let name: Arc<str> = name.into();
-        let seed = *self.seed.lock();
-        let c = Arc::new(Mutex::new(Channel::new(name.clone(), seed)));
+        let channel = match self.tombs.lock().remove(&name) {
+            Some(t) => Channel::revive(name.clone(), t),
+            None => {
+                // Every record read from here on reaches this channel; what
+                // was read before is unknown to it.
+                let known = (self.start.load(Ordering::Acquire) != UNKNOWN)
+                    .then(|| self.read.load(Ordering::Acquire));
+                Channel::new(name.clone(), *self.seed.lock(), known)
+            }
+        };
+        let c = Arc::new(Mutex::new(channel));
         map.insert(name, c.clone());
         c
+    }
+
+    /// The reader starts: records up to `number` (a source number: outbox
+    /// id, Kafka offset + 1; the highest over its `streams`) were read
+    /// before, by an earlier process, or lie before where this node begins.
+    /// Called before the reader hands ingest anything. Channels made before
+    /// now learn it, and sessions that resumed on them meanwhile get their
+    /// gap (with one stream; with several, at their first message).
+    pub fn reading_from(&self, number: u64, streams: usize) {
+        if streams > 1 {
+            self.several.store(true, Ordering::Release);
+        }
+        let at = upto(number);
+        let _ = self
+            .start
+            .compare_exchange(UNKNOWN, at, Ordering::AcqRel, Ordering::Acquire);
+        self.read.fetch_max(at, Ordering::AcqRel);
+        let start = self.start.load(Ordering::Acquire);
+        let several = self.several.load(Ordering::Acquire);
+        let channels: Vec<_> = self.channels.lock().values().cloned().collect();
+        for chan in channels {
+            let mut c = chan.lock();
+            let known = *c.known_from.get_or_insert(start);
+            if several {
+                continue;
+            }
+            let name = c.name.clone();
+            for s in c.subscribers.values_mut() {
+                let Some(since) = s.pending.take() else {
+                    continue;
+                };
+                if since < known {
+                    s.handle
+                        .deliver_ctrl("gap", &proto::encode_gap(&name, since + 1, known));
+                    s.floor = s.floor.max(known);
+                }
+            }
+        }
+    }
+
+    /// The reader has read a record at `number` of `stream` (called before
+    /// the record is published).
+    pub fn read_to(&self, stream: u32, number: u64) {
+        let tag = stream as u64 + 1;
+        match self
+            .stream
+            .compare_exchange(0, tag, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {}
+            Err(first) if first != tag => self.several.store(true, Ordering::Release),
+            Err(_) => {}
+        }
+        self.read.fetch_max(upto(number), Ordering::AcqRel);
+    }
+
+    /// Where the channel's knowledge starts, once the reader's start is known.
+    fn known_from(&self, c: &mut Channel) -> Option<u64> {
+        if c.known_from.is_none() {
+            let start = self.start.load(Ordering::Acquire);
+            if start != UNKNOWN {
+                c.known_from = Some(start);
+            }
+        }
+        c.known_from
     }
 
     /// True when `ch` already published the source position `at`.
@@ -612,13 +841,27 @@ impl Hub {
         let key: Option<Arc<str>> = m.key.map(Into::into);
         let frames = c.encode(seq, key.as_ref(), &m.variants, now_ms);
         c.sent(seq, &m.variants);
+        let unknown_below = self.known_from(&mut c).unwrap_or(UNKNOWN);
+        let name = c.name.clone();
         c.subscribers.retain(|_, s| {
             if seq <= s.floor {
+                // The node is behind the session: it reads on from here,
+                // so nothing after `since` is unknown to it.
+                s.pending = None;
                 return true;
             }
             let Some(p) = pick(&frames, s.handle.audience()) else {
                 return true;
             };
+            if let Some(since) = s.pending.take() {
+                // The session's first message here: what came between its
+                // `since` and this may have been read before this node knew
+                // the channel.
+                if unknown_below > since && seq - 1 > since {
+                    s.handle
+                        .deliver_ctrl("gap", &proto::encode_gap(&name, since + 1, seq - 1));
+                }
+            }
             let d = s.handle.deliver_msg(p);
             report.add(d);
             !matches!(d, Delivery::Disconnected | Delivery::Closed)
@@ -671,6 +914,16 @@ impl Hub {
     /// Replays history after `since` (when given) and joins the live set.
     /// `before_replay(epoch, head)` runs under the channel lock before any
     /// replayed frame is queued, so the session's ack precedes its messages.
+    ///
+    /// A resume (`since`, `epoch`) is answered by the rule of ARCHITECTURE.md
+    /// "Positions": on the source's shared epoch, nothing at or below `since`
+    /// is sent again (the session's floor); history after it is replayed; and
+    /// whatever this node cannot account for after `since` — positions it
+    /// read before it knew the channel, history it no longer holds — is a
+    /// `gap`, sent before the replay, and raises the floor. A node that has
+    /// not read as far as `since` defers the rest to its reader. With another
+    /// epoch, the client's positions mean nothing here: everything it cannot
+    /// have is a gap, and history is replayed from its start.
     pub fn subscribe(
         &self,
         ch: &str,
@@ -683,67 +936,81 @@ impl Hub {
         let chan = self.channel(ch);
         let mut c = chan.lock();
         c.trim(limits, now_ms, &self.history_bytes);
+        let known = self.known_from(&mut c);
         let audience = session.audience();
-        let mut head = c.last_for(audience);
-        // A different epoch means the positions the client holds belong to
-        // a lost history: everything it cannot get here is a gap.
-        let resume = resume.map(|(since, epoch)| (since, epoch.is_none_or(|e| e == c.epoch)));
-        // Positions the source gives every node alike, and the client has
-        // further than this node has read (it comes from a node ahead of
-        // this one): nothing to replay or report; what this node reads up
-        // to `since` the session already has.
-        let floor = match resume {
-            Some((since, true)) if c.shared_epoch && since > c.seq => since,
-            _ => 0,
-        };
-        head = head.max(floor);
-        before_replay(c.epoch, head);
+        let head = c.last_for(audience);
         let mut result = SubscribeResult {
             epoch: c.epoch,
             head,
             gap: None,
             replayed: 0,
         };
-        if let Some((since, same_epoch)) = resume.filter(|_| floor == 0) {
-            let since = if !same_epoch || since > c.seq {
-                0
-            } else {
-                since
+        let mut sub = Subscriber {
+            handle: session.clone(),
+            floor: 0,
+            pending: None,
+        };
+        if let Some((since, epoch)) = resume {
+            let same_epoch = epoch.is_none_or(|e| e == c.epoch);
+            // The positions after which the client wants everything.
+            let since = match (same_epoch, c.shared_epoch) {
+                (false, _) => 0,
+                (true, true) => since,
+                // This node's own numbers: a position past them is not ours.
+                (true, false) if since > c.seq => 0,
+                (true, false) => since,
             };
-            let frames: Vec<Arc<Published>> = c
+            let frames: Vec<&Arc<Published>> = c
                 .history
                 .iter()
                 .filter(|e| e[0].seq > since)
-                .filter_map(|e| pick(e, audience).cloned())
+                .filter_map(|e| pick(e, audience))
                 .collect();
-            // What the session should have had before the first frame history
-            // still holds for it; positions that were never its own are no
-            // gap. A first frame with no `prev` on a shared epoch is the first
-            // this node published (it started, or the channel was swept): what
-            // came before it is unknown here.
-            let missing_to = frames.first().map_or(head, |f| {
-                if c.shared_epoch && f.prev == 0 && since > 0 {
-                    f.seq - 1
-                } else {
-                    f.prev
+            // The position before the first one history holds for the
+            // session, or its last one: what came after `since` up to it and
+            // is not held was lost (trimmed, expired, not kept).
+            let mut missing = match frames.first() {
+                Some(f) => f.prev,
+                None => head,
+            };
+            // A chain of this node's that starts after `since` (no position
+            // before it known here, `prev` 0) leaves (since, first) unknown
+            // when the node may have read there before it knew the channel.
+            if same_epoch && c.shared_epoch && missing == 0 {
+                let several = self.several.load(Ordering::Acquire);
+                match (known, frames.first()) {
+                    (Some(k), _) if k <= since => {}
+                    // One stream: everything up to where the channel's
+                    // knowledge starts, and never past its first message.
+                    (Some(k), first) if !several => {
+                        missing = first.map_or(k, |f| k.min(f.seq - 1));
+                    }
+                    // Several streams: up to the first message, whose stream
+                    // is the channel's.
+                    (Some(_), Some(f)) => missing = f.seq - 1,
+                    // Not known yet: settled when the reader says where it
+                    // starts (one stream) or by the first message.
+                    _ => sub.pending = Some(since),
                 }
-            });
-            if missing_to > since {
-                session.deliver_ctrl("gap", &proto::encode_gap(&c.name, since + 1, missing_to));
-                result.gap = Some((since + 1, missing_to));
             }
-            for f in &frames {
+            let floor = since.max(missing);
+            if c.shared_epoch {
+                sub.floor = floor;
+            }
+            result.head = head.max(floor);
+            before_replay(c.epoch, result.head);
+            if missing > since {
+                session.deliver_ctrl("gap", &proto::encode_gap(&c.name, since + 1, missing));
+                result.gap = Some((since + 1, missing));
+            }
+            for f in frames.iter().filter(|f| f.seq > floor) {
                 session.deliver_msg(f);
+                result.replayed += 1;
             }
-            result.replayed = frames.len();
+        } else {
+            before_replay(c.epoch, head);
         }
-        c.subscribers.insert(
-            key_of(session),
-            Subscriber {
-                handle: session.clone(),
-                floor,
-            },
-        );
+        c.subscribers.insert(key_of(session), sub);
         result
     }
 
@@ -772,31 +1039,57 @@ impl Hub {
         if !map.get(name).is_some_and(|c| Arc::ptr_eq(c, chan)) || Arc::strong_count(chan) != 2 {
             return false;
         }
-        let c = chan.lock();
+        let mut c = chan.lock();
         if !(c.subscribers.is_empty() && c.history.is_empty()) {
             return false;
         }
+        let tomb = c.tomb();
         drop(c);
-        map.remove(name);
+        if let Some((name, _)) = map.remove_entry(name) {
+            let mut tombs = self.tombs.lock();
+            if tombs.len() >= MAX_TOMBS {
+                // Forget some: a resume on one of them is a gap, not silence.
+                let drop_n = MAX_TOMBS / 2;
+                let victims: Vec<Arc<str>> = tombs.keys().take(drop_n).cloned().collect();
+                for v in victims {
+                    tombs.remove(&v);
+                }
+            }
+            tombs.insert(name, tomb);
+        }
         true
     }
 
-    /// A new source feeds the tenant: its positions are not comparable with
-    /// the old one's, so no channel may judge them duplicates by the old
-    /// marks. `seed` names a source whose positions are the same on every
-    /// node: channels made from now on get an epoch derived from it and
-    /// their name; `None`, random ones. A channel that already exists keeps
-    /// its epoch and history (a client resuming here gets what it holds, no
-    /// replay of what it had), but its positions are this node's own from
-    /// now on unless its epoch is the new source's.
+    /// A new source feeds the tenant, whose positions are named by `seed`
+    /// (the same on every node reading it; `None`: positions of this node
+    /// alone). Another seed is another position space: every channel starts
+    /// over in it (new epoch, no history, no marks; its subscribers are told
+    /// the epoch by an `ack`), and where the new reader starts is unknown
+    /// until it says. The same seed again (an edit that keeps the source's
+    /// identity) changes nothing: its positions, marks and history stand.
     pub fn new_source(&self, seed: Option<u64>) {
-        *self.seed.lock() = seed;
+        {
+            let mut current = self.seed.lock();
+            if *current == seed {
+                return;
+            }
+            *current = seed;
+        }
+        self.start.store(UNKNOWN, Ordering::Release);
+        self.read.store(0, Ordering::Release);
+        self.stream.store(0, Ordering::Release);
+        self.several.store(false, Ordering::Release);
+        self.tombs.lock().clear();
         let channels: Vec<_> = self.channels.lock().values().cloned().collect();
         for c in channels {
-            let mut c = c.lock();
-            c.marks.clear();
-            c.shared_epoch = seed.is_some_and(|s| shared_epoch(s, &c.name) == c.epoch);
+            c.lock().restart(seed, &self.history_bytes);
         }
+    }
+
+    /// Forgets every tomb (what a full tomb map does to the oldest).
+    #[cfg(test)]
+    pub(crate) fn drop_tombs(&self) {
+        self.tombs.lock().clear();
     }
 
     /// The seed `new_source` last set.

@@ -261,9 +261,21 @@ fn a_second_stream_is_rebased_not_dropped() {
     assert!(hub
         .publish_at(&msg("a", at(0, 500, 0), &ONE), &[], LIMITS, 0)
         .is_err());
-    // A new source starts with no marks: its first rows are not "seen".
-    hub.new_source(None);
-    assert_eq!(p(0, 2).0, 501_001);
+    // A new source is another position space: the channel starts over in
+    // it (no marks: its first rows are not "seen"), and its subscriber is
+    // told the new epoch before the first message of it.
+    msgs(&s);
+    hub.new_source(Some(9));
+    assert_eq!(p(0, 2).0, 2_000);
+    let got = s.take_queued();
+    let Item::Ctrl(ack) = &got[0] else {
+        panic!("{got:?}")
+    };
+    let ack: serde_json::Value = serde_json::from_slice(&ack[2..]).unwrap();
+    assert_eq!(ack["op"], "ack");
+    assert_eq!(ack["ch"], "a");
+    assert_eq!(ack["epoch"].as_u64(), Some(shared_epoch(9, "a")));
+    assert!(matches!(&got[1], Item::Msg(m) if m.seq == 2_000 && m.prev == 0));
 }
 
 #[test]
@@ -364,6 +376,7 @@ fn sweep_spares_a_channel_in_use() {
             Subscriber {
                 handle: s.clone(),
                 floor: 0,
+                pending: None,
             },
         );
     }

@@ -419,11 +419,19 @@ impl Reader {
         })
         .await
         .map_err(|e| e.to_string())??;
-        let (encoded, count) = {
+        let (encoded, count, next) = {
             let p = partitions.lock();
-            (p.encoded(), p.count())
+            let next = p.positions().iter().map(|(_, _, n)| *n).max();
+            (p.encoded(), p.count(), next)
         };
         self.save(&encoded).await?;
+        // Where this node's knowledge starts (ARCHITECTURE.md, "Positions"):
+        // the record before each partition's next offset has number = that
+        // offset; everything up to it was read by an earlier process or lies
+        // before where this node began.
+        self.tenant
+            .hub
+            .reading_from(next.unwrap_or(0).max(0) as u64, count);
         {
             let mut h = self.health.lock();
             h.partitions = Some(count);

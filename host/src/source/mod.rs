@@ -411,10 +411,10 @@ pub(crate) async fn keep_reading<E, F>(
 pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
     let turn = tenant.source.lock().turn.clone();
     let _turn = turn.lock().await;
-    let (previous, changed) = {
+    let previous = {
         let mut slot = tenant.source.lock();
         slot.stop.cancel();
-        (slot.done.take(), slot.config != config)
+        slot.done.take()
     };
     if let Some(task) = previous {
         finish(&tenant.id, task).await;
@@ -438,8 +438,13 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
     };
     let reads = log_topic.as_ref().unwrap_or(&config);
     let seed = reads.epoch_seed(&tenant.id, app.cluster.is_some());
-    if changed || tenant.hub.seed() != seed {
-        // Another source's positions: the old one's marks must not judge them.
+    if tenant.hub.seed() != seed {
+        // Another position space. What the old source's window holds goes
+        // out at its own positions first; then every channel starts over in
+        // the new space (its subscribers are told the new epoch). An edit
+        // that keeps the source's identity keeps positions, marks and
+        // history: nothing already published comes again.
+        crate::ingest::flush(tenant);
         tenant.hub.new_source(seed);
     }
     let health = Arc::new(Mutex::new(Health::new(config.kind())));

@@ -376,6 +376,29 @@ impl Reader {
         };
         let key = self.or_stop(source_key(pool, &self.table)).await?;
         let mut cursor = self.or_stop(self.load_cursor(pool, &sql, &key)).await?;
+        // Where this node's knowledge of the source starts (ARCHITECTURE.md,
+        // "Positions"): every id up to it was read by an earlier process, or
+        // lies before where this node began. A cursor from a Herald that did
+        // not keep it: the table's highest id stands for it (too high is a
+        // gap reported too eagerly, never one missed), once: the next stored
+        // cursor keeps it.
+        let read = match cursor.read {
+            Some(r) => r,
+            None => {
+                let r: Option<i64> = self
+                    .or_stop(async {
+                        sqlx::query_scalar(&format!("SELECT max(id) FROM {quoted}"))
+                            .fetch_one(pool)
+                            .await
+                            .map_err(query_err)
+                    })
+                    .await?;
+                let r = r.unwrap_or(0).max(cursor.id);
+                cursor.read = Some(r);
+                r
+            }
+        };
+        self.tenant.hub.reading_from(read.max(0) as u64, 1);
         let mut last_progress = Instant::now();
         let mut held_since: Option<Instant> = None;
         let mut recheck = HOLD_RECHECK;
@@ -553,6 +576,8 @@ impl Reader {
                         after_id,
                         until_xid: parse_xid(&until)?,
                     }),
+                    // An older Herald delivered in id order: up to this id.
+                    read: Some(after_id),
                     ..Cursor::START
                 }
             }
@@ -563,11 +588,17 @@ impl Reader {
                     .await
                     .map_err(query_err)?
                 {
-                    Some(r) => Cursor {
-                        xid: parse_xid(&r.try_get::<String, _>("xid_text").map_err(query_err)?)?,
-                        id: r.try_get("id").map_err(query_err)?,
-                        legacy: None,
-                    },
+                    Some(r) => {
+                        let id = r.try_get("id").map_err(query_err)?;
+                        Cursor {
+                            xid: parse_xid(
+                                &r.try_get::<String, _>("xid_text").map_err(query_err)?,
+                            )?,
+                            id,
+                            legacy: None,
+                            read: Some(id),
+                        }
+                    }
                     None => Cursor::START,
                 },
             },
@@ -614,6 +645,7 @@ impl Reader {
                 xid: parse_xid(&xid)?,
                 id,
                 legacy: None,
+                read: Some(id),
             })),
             None => Ok(Some(Cursor::START)),
         }
@@ -648,6 +680,7 @@ impl Reader {
                     xid,
                     id: id as i64 - 1,
                     legacy: None,
+                    read: last.read,
                 }
             }
             _ => last,
@@ -660,10 +693,14 @@ impl Reader {
         cursor: Cursor,
         key: &str,
     ) -> Result<Cursor, OutboxError> {
-        let (first, last) = match (rows.first(), rows.last()) {
+        let (first, mut last) = match (rows.first(), rows.last()) {
             (Some(f), Some(l)) => (f.id, cursor.past(l.xid, l.id)),
             _ => return Ok(cursor),
         };
+        // Ids follow commit order only loosely: the batch's highest may be
+        // any of its rows.
+        let top = rows.iter().map(|r| r.id).max().unwrap_or(last.id);
+        last.read = last.read.map(|r| r.max(top));
         let n = rows.len() as u64;
         let tenant = self.tenant.clone();
         let run = move || {

@@ -25,5 +25,6 @@ mod positions;
 mod protections;
 mod pubsub;
 mod readme;
+mod resume;
 mod slow;
 mod tls;

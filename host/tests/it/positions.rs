@@ -5,7 +5,7 @@
 
 use crate::helpers::*;
 use crate::kafka::{produce, test_producer};
-use crate::outbox::{msgs, outbox_table, pg_url, set_source, subscribed, wait_live};
+use crate::outbox::{msgs, outbox_table, pg_url, seq, set_source, subscribed, wait_live};
 use rdkafka::mocking::MockCluster;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -121,7 +121,7 @@ async fn one_row_two_messages_to_one_channel() {
 
 /// Item 3: HTTP publish beside an outbox is refused and moves nothing; a
 /// new source's rows are delivered even where its ids are below the old
-/// source's positions.
+/// source's positions, in an epoch of its own that subscribers are told.
 #[tokio::test]
 async fn http_publish_beside_a_source_is_refused_and_a_new_source_is_not_a_duplicate() {
     let Some(url) = pg_url() else { return };
@@ -147,14 +147,15 @@ async fn http_publish_beside_a_source_is_refused_and_a_new_source_is_not_a_dupli
     // The second table starts at id 1, below the positions the first gave.
     assert_eq!(set_source(&h, "pos-src", &url, &second).await.0, 200);
     wait_live(&h, "pos-src").await;
-    insert(&pool2, &second, "q", None, json!({"second": 0})).await;
-    let next = msgs(&mut ws, 1).await;
-    assert_eq!(data(&next), [json!({"second":0})]);
-    assert_eq!(
-        next[0]["prev"], got[2]["seq"],
-        "the chain goes on: no gap, no loss"
-    );
-    // Back on HTTP, publishing works again and continues the chain.
+    let id = insert(&pool2, &second, "q", None, json!({"second": 0})).await;
+    // Another position space: the subscriber is told the new epoch before
+    // any message of it, and the chain starts again there.
+    let (ack, next) = ack_then_msg(&mut ws).await;
+    assert!(ack["epoch"].as_u64().is_some(), "{ack}");
+    assert_eq!(data(std::slice::from_ref(&next)), [json!({"second":0})]);
+    assert_eq!(next["seq"].as_i64(), Some(seq(id)));
+    assert_eq!(next["prev"], 0, "{next}");
+    // Back on HTTP (this node's own positions): a new epoch again.
     let (s, _) = h
         .admin(
             Method::PUT,
@@ -167,9 +168,22 @@ async fn http_publish_beside_a_source_is_refused_and_a_new_source_is_not_a_dupli
         .publish("pos-src", &key, json!({"ch":"q","data":{"http":2}}))
         .await;
     assert_eq!(s, 200, "{v}");
-    let last = msgs(&mut ws, 1).await;
-    assert_eq!(last[0]["prev"], next[0]["seq"]);
+    let (again, last) = ack_then_msg(&mut ws).await;
+    assert_ne!(again["epoch"], ack["epoch"], "{again}");
+    assert_eq!(
+        (last["seq"].as_i64(), last["prev"].as_i64()),
+        (Some(1), Some(0))
+    );
     h.stop().await;
+}
+
+/// An `ack` without an id (the channel's epoch changed), then a `msg`.
+async fn ack_then_msg(ws: &mut Ws) -> (Value, Value) {
+    let ack = next_op(ws, "ack", WAIT).await;
+    assert!(ack["id"].is_null(), "{ack}");
+    assert_eq!(ack["ch"], "q", "{ack}");
+    let m = next_op(ws, "msg", WAIT).await;
+    (ack, m)
 }
 
 /// Item 8: resuming with sparse positions reports a gap only for what is

@@ -2,9 +2,11 @@
 //! it is stored in the registry.
 //!
 //! Invariants: a cursor `(xid, id)` means every final row up to it in
-//! `(xid, id)` order was delivered; `encode` and `parse` round-trip; a bare id
-//! (what older Herald versions stored) is recognised, never mistaken for a
-//! current cursor.
+//! `(xid, id)` order was delivered; `read`, when known, is at least the
+//! highest id delivered through it (ids and commit order differ, so it may
+//! be above `id`: the node's read horizon, ARCHITECTURE.md "Positions");
+//! `encode` and `parse` round-trip; a bare id (what older Herald versions
+//! stored) is recognised, never mistaken for a current cursor.
 
 /// Where this node is in the outbox: every final row up to `(xid, id)` in
 /// `(xid, id)` order has been delivered.
@@ -13,6 +15,9 @@ pub(super) struct Cursor {
     pub(super) xid: u64,
     pub(super) id: i64,
     pub(super) legacy: Option<Legacy>,
+    /// The highest id delivered through this cursor; `None` when it was
+    /// stored by a Herald that did not keep it.
+    pub(super) read: Option<i64>,
 }
 
 /// A cursor taken over from an older Herald, which stored a bare id: rows of
@@ -38,31 +43,47 @@ impl Cursor {
         xid: 0,
         id: 0,
         legacy: None,
+        read: Some(0),
     };
 
-    /// `xid:id`, `xid:id:after_id:until_xid` (taking over) or a bare id
-    /// (an older Herald); anything else is no cursor.
+    /// `xid:id`, `xid:id:read`, `xid:id:after_id:until_xid` (taking over),
+    /// the same with `:read`, or a bare id (an older Herald); anything else
+    /// is no cursor.
     pub(super) fn parse(s: &str) -> Option<Stored> {
         if let Ok(id) = s.parse() {
             return Some(Stored::BareId(id));
         }
         let p: Vec<&str> = s.split(':').collect();
         let (xid, id) = (p.first()?.parse().ok()?, p.get(1)?.parse().ok()?);
-        let legacy = match p.len() {
-            2 => None,
-            4 => Some(Legacy {
+        let legacy = || -> Option<Legacy> {
+            Some(Legacy {
                 after_id: p[2].parse().ok()?,
                 until_xid: p[3].parse().ok()?,
-            }),
+            })
+        };
+        let (legacy, read) = match p.len() {
+            2 => (None, None),
+            3 => (None, Some(p[2].parse().ok()?)),
+            4 => (Some(legacy()?), None),
+            5 => (Some(legacy()?), Some(p[4].parse().ok()?)),
             _ => return None,
         };
-        Some(Stored::Current(Cursor { xid, id, legacy }))
+        Some(Stored::Current(Cursor {
+            xid,
+            id,
+            legacy,
+            read,
+        }))
     }
 
     pub(super) fn encode(&self) -> String {
+        let read = self.read.map(|r| format!(":{r}")).unwrap_or_default();
         match self.legacy {
-            None => self.shown(),
-            Some(l) => format!("{}:{}:{}:{}", self.xid, self.id, l.after_id, l.until_xid),
+            None => format!("{}{read}", self.shown()),
+            Some(l) => format!(
+                "{}:{}:{}:{}{read}",
+                self.xid, self.id, l.after_id, l.until_xid
+            ),
         }
     }
 
@@ -78,6 +99,7 @@ impl Cursor {
             xid,
             id,
             legacy: self.legacy.filter(|l| xid < l.until_xid),
+            read: self.read.map(|r| r.max(id)),
         }
     }
 }
@@ -92,9 +114,18 @@ mod tests {
             xid: 812,
             id: 41,
             legacy: None,
+            read: None,
         };
         assert_eq!(c.encode(), "812:41");
         assert_eq!(Cursor::parse("812:41"), Some(Stored::Current(c)));
+        let with_read = Cursor {
+            read: Some(57),
+            ..c
+        };
+        assert_eq!(with_read.encode(), "812:41:57");
+        assert_eq!(Cursor::parse("812:41:57"), Some(Stored::Current(with_read)));
+        assert_eq!(with_read.past(813, 44).read, Some(57));
+        assert_eq!(with_read.past(813, 60).read, Some(60));
         let taking_over = Cursor {
             legacy: Some(Legacy {
                 after_id: 40,
@@ -109,7 +140,7 @@ mod tests {
             Some(Stored::Current(taking_over))
         );
         assert_eq!(Cursor::parse("41"), Some(Stored::BareId(41)));
-        for junk in ["", "moved to outbox:1/db/t", "1:2:3", "a:b", "1:2:3:4:5"] {
+        for junk in ["", "moved to outbox:1/db/t", "1:2:x", "a:b", "1:2:3:4:5:6"] {
             assert_eq!(Cursor::parse(junk), None, "{junk}");
         }
     }

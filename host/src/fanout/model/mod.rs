@@ -16,6 +16,8 @@
 //! `PROPTEST_CASES=5000 cargo test -p herald-host --lib fanout::model` runs a
 //! longer search than the test command's default.
 
+mod system;
+
 use super::conflate::{ConflationSettings, Conflator, HeldVariant};
 use super::deliver::{self, Fate, Message, Tally, Window};
 use super::position::SourcePos;

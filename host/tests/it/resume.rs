@@ -1,0 +1,173 @@
+//! Resumes tried as a user would (ARCHITECTURE.md, "Positions"): a client
+//! that saw position S of a channel, left, and comes back with `since: S`
+//! after the node restarted, forgot the channel, or is another node, gets
+//! every message it missed or a `gap` that names it — never silence.
+//!
+//! The oracle is the promise: every position published after S is either
+//! among the client's `msg` frames or inside one of its `gap` frames, the
+//! frames' `seq` increase, and nothing at or below S comes again.
+
+use crate::helpers::*;
+use crate::outbox::{outbox_table, pg_url, seq, set_source, wait_live};
+use reqwest::Method;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use std::time::Duration;
+
+async fn insert(pool: &PgPool, table: &str, channel: &str, n: u64) -> i64 {
+    sqlx::query_scalar(&format!(
+        "INSERT INTO {table} (channel, payload) VALUES ($1, $2::jsonb) RETURNING id"
+    ))
+    .bind(channel)
+    .bind(json!({ "n": n }).to_string())
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Frames after a resume, up to and including the `msg` at `until`.
+async fn frames_until(ws: &mut Ws, until: i64) -> Vec<Value> {
+    let mut out = Vec::new();
+    loop {
+        let f = ws.next().await;
+        let done = f["op"] == "msg" && f["seq"].as_i64() == Some(until);
+        out.push(f);
+        if done {
+            return out;
+        }
+    }
+}
+
+/// Checks the promise over `frames` for a client that had `since` and must
+/// account for every position in `missed`.
+fn assert_accounted(frames: &[Value], since: i64, missed: &[i64]) {
+    let mut last = since;
+    let mut gaps: Vec<(i64, i64)> = Vec::new();
+    let mut got = Vec::new();
+    for f in frames {
+        match f["op"].as_str() {
+            Some("gap") => {
+                let (from, to) = (f["from"].as_i64().unwrap(), f["to"].as_i64().unwrap());
+                assert!(from <= last + 1 && to >= from, "gap {f} after {last}");
+                gaps.push((from, to));
+                last = last.max(to);
+            }
+            Some("msg") => {
+                let s = f["seq"].as_i64().unwrap();
+                assert!(s > last, "seq {s} after {last}: {frames:?}");
+                assert!(
+                    f["prev"].as_i64().unwrap() <= last,
+                    "a hole the client cannot see: {f} after {last}"
+                );
+                got.push(s);
+                last = s;
+            }
+            _ => {}
+        }
+    }
+    for m in missed {
+        assert!(
+            got.contains(m) || gaps.iter().any(|(a, b)| a <= m && m <= b),
+            "position {m} was neither sent nor reported as a gap: {frames:?}"
+        );
+    }
+}
+
+/// Waits until the tenant's reader has read `records` rows in all.
+async fn read(h: &Host, tenant: &str, records: u64) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (_, v) = h
+            .admin(
+                Method::GET,
+                &format!("/admin/v1/tenants/{tenant}/source"),
+                None,
+            )
+            .await;
+        if v["health"]["records"].as_u64() >= Some(records) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never read {records}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A client saw S and left; three rows came and were read; the node
+/// restarted (its history is gone, its reader resumes from its cursor past
+/// them). Resuming with S must not come back empty-handed and silent.
+#[tokio::test]
+async fn a_resume_after_a_restart_reports_what_the_node_forgot() {
+    let Some(url) = pg_url() else { return };
+    let (pool, table) = outbox_table(&url).await;
+    let h = spawn_host().await;
+    h.public_tenant("rs-restart").await;
+    assert_eq!(set_source(&h, "rs-restart", &url, &table).await.0, 200);
+    wait_live(&h, "rs-restart").await;
+    let mut ws = h.ws("rs-restart").await;
+    let ack = ws.sub("c", 1).await;
+    let epoch = ack["epoch"].clone();
+    let first = insert(&pool, &table, "c", 0).await;
+    let m = next_op(&mut ws, "msg", WAIT).await;
+    assert_eq!(m["seq"].as_i64(), Some(seq(first)));
+    drop(ws);
+    let mut missed = Vec::new();
+    for n in 1..=3 {
+        missed.push(seq(insert(&pool, &table, "c", n).await));
+    }
+    read(&h, "rs-restart", 4).await;
+    let h = h.restart().await;
+    wait_live(&h, "rs-restart").await;
+    let mut ws = h.ws("rs-restart").await;
+    ws.send(json!({"op":"sub","ch":"c","id":2,"since":seq(first),"epoch":epoch}))
+        .await;
+    let ack = ws.next().await;
+    assert_eq!(ack["op"], "ack", "{ack}");
+    let marker = seq(insert(&pool, &table, "c", 4).await);
+    let frames = frames_until(&mut ws, marker).await;
+    assert_accounted(&frames, seq(first), &missed);
+    h.stop().await;
+}
+
+/// With `history_size: 0` a channel is dropped at its last unsubscribe: a
+/// resume then finds a channel that knows nothing of the rows published
+/// before it was dropped, and must say so.
+#[tokio::test]
+async fn a_resume_on_a_forgotten_channel_reports_the_gap() {
+    let Some(url) = pg_url() else { return };
+    let (pool, table) = outbox_table(&url).await;
+    let h = spawn_host().await;
+    h.tenant(json!({"id":"rs-forgot","access":"public","limits":{"history_size":0}}))
+        .await;
+    assert_eq!(set_source(&h, "rs-forgot", &url, &table).await.0, 200);
+    wait_live(&h, "rs-forgot").await;
+    let mut ws = h.ws("rs-forgot").await;
+    let ack = ws.sub("c", 1).await;
+    let epoch = ack["epoch"].clone();
+    let first = insert(&pool, &table, "c", 0).await;
+    let m = next_op(&mut ws, "msg", WAIT).await;
+    assert_eq!(m["seq"].as_i64(), Some(seq(first)));
+    ws.send(json!({"op":"unsub","ch":"c","id":2})).await;
+    assert_eq!(ws.next().await["op"], "ack");
+    let mut missed = Vec::new();
+    for n in 1..=3 {
+        missed.push(seq(insert(&pool, &table, "c", n).await));
+    }
+    read(&h, "rs-forgot", 4).await;
+    // Someone else looks in and leaves: the last unsubscribe drops the
+    // channel (it keeps no history), and with it what it knew.
+    let mut other = h.ws("rs-forgot").await;
+    other.sub("c", 1).await;
+    other.send(json!({"op":"unsub","ch":"c","id":2})).await;
+    assert_eq!(other.next().await["op"], "ack");
+    ws.send(json!({"op":"sub","ch":"c","id":3,"since":seq(first),"epoch":epoch}))
+        .await;
+    let ack = ws.next().await;
+    assert_eq!(ack["op"], "ack", "{ack}");
+    let marker = seq(insert(&pool, &table, "c", 4).await);
+    let frames = frames_until(&mut ws, marker).await;
+    assert_accounted(&frames, seq(first), &missed);
+    h.stop().await;
+}
