@@ -5,8 +5,9 @@
 //! node gives a message the same position (`seq` = id × 1000 + index).
 //!
 //! Invariants: a batch is one transaction, its ids in batch order, announced
-//! (NOTIFY) at commit; rows older than `--cluster-log-retention-secs` are
-//! deleted. Never: delivers anything itself.
+//! (NOTIFY) at commit; one tenant's appends hold an advisory lock until they
+//! commit, so its ids follow commit order; rows older than
+//! `--cluster-log-retention-secs` are deleted. Never: delivers anything itself.
 
 use super::{Cluster, PUBLISH_CHANNEL};
 use crate::app::App;
@@ -15,6 +16,9 @@ use std::sync::Arc;
 
 /// The table, created by the registry's migrations (Postgres only).
 pub const TABLE: &str = "herald_publish_log";
+
+/// The first key of the advisory lock a tenant's appends take ("HLOG").
+const LOG_LOCK: i32 = 0x484c_4f47;
 
 /// Writes a batch in one transaction and announces it; returns each entry's
 /// id, in order.
@@ -28,16 +32,24 @@ pub async fn append(
     let keys: Vec<Option<&str>> = entries.iter().map(|e| e.key).collect();
     let payloads: Vec<&[u8]> = entries.iter().map(|e| e.payload).collect();
     let mut tx = cluster.pool.begin().await?;
-    // Ids are drawn as the rows are inserted, in the order of `n`.
+    // One tenant's appends one at a time, until commit: its ids are then in
+    // commit (and xid) order, which is the order every reader reads in, so
+    // concurrent publishers never make a channel rebase (ARCHITECTURE.md,
+    // "Positions"). Other tenants' appends do not wait (a hash collision
+    // only makes two tenants take turns). The lock is the join's one row:
+    // no row reaches the insert, so no id is drawn, before it is held; in
+    // the same statement, it costs a single publisher no round trip.
     let mut ids: Vec<i64> = sqlx::query_scalar(
         "INSERT INTO herald_publish_log (tenant_id, channel, key, payload_bytes) \
-         SELECT $1, c, k, p FROM UNNEST($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(c, k, p, n) \
+         SELECT $1, c, k, p FROM (SELECT pg_advisory_xact_lock($5, hashtext($1))) AS turn, \
+         UNNEST($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(c, k, p, n) \
          ORDER BY n RETURNING id",
     )
     .bind(tenant)
     .bind(&channels)
     .bind(&keys)
     .bind(&payloads)
+    .bind(LOG_LOCK)
     .fetch_all(&mut *tx)
     .await?;
     sqlx::query("SELECT pg_notify($1, $2)")
