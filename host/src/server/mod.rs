@@ -585,7 +585,11 @@ async fn check_sse(
             ));
         }
     }
+    let unreadable_id = last_event_id.is_some();
     let resume = last_event_id.and_then(|id| sse::parse_last_event_id(&id, channels.len()));
+    // An id this stream cannot read (another channel count, not Herald's):
+    // what the client had is unknown, and it is told so.
+    let unreadable_id = unreadable_id && resume.is_none();
     let admitted = admit(app, tenant_id, "sse", head, peer).await?;
     for ch in &channels {
         if let Err(refusal) =
@@ -606,6 +610,7 @@ async fn check_sse(
         session::SseRequest {
             channels,
             resume,
+            unreadable_id,
             cors: Vec::new(),
         },
         admitted,

@@ -171,3 +171,100 @@ async fn a_resume_on_a_forgotten_channel_reports_the_gap() {
     assert_accounted(&frames, seq(first), &missed);
     h.stop().await;
 }
+
+/// An SSE stream of two channels cut in the middle of its replay, resumed as
+/// EventSource does (the last `id:` received): every message of both
+/// channels arrives once. A channel's position in `id:` may advance only when
+/// that channel's frame is written, not while its replay is still queued.
+#[tokio::test]
+async fn an_sse_stream_cut_mid_replay_resumes_every_channel() {
+    let h = spawn_host().await;
+    let key = h.public_tenant("rs-sse").await;
+    let publish = |ch: &'static str, n: u64| {
+        let h = &h;
+        let key = key.clone();
+        async move {
+            let (s, v) = h
+                .publish("rs-sse", &key, json!({"ch":ch,"data":{"ch":ch,"n":n}}))
+                .await;
+            assert_eq!(s, 200, "{v}");
+        }
+    };
+    let mut got: Vec<(String, u64)> = Vec::new();
+    let mut last_id = None;
+    // A client that reads `take` messages, remembering the last id.
+    async fn read(
+        sse: &mut Sse,
+        take: usize,
+        got: &mut Vec<(String, u64)>,
+        last_id: &mut Option<String>,
+    ) {
+        let mut n = 0;
+        while n < take {
+            let e = sse.next().await.expect("the stream goes on");
+            if e.id.is_some() {
+                *last_id = e.id.clone();
+            }
+            if e.event == "msg" {
+                got.push((
+                    e.data["data"]["ch"].as_str().unwrap().to_string(),
+                    e.data["data"]["n"].as_u64().unwrap(),
+                ));
+                n += 1;
+            }
+        }
+    }
+    let mut sse = h.sse("rs-sse", "ch=a&ch=b", None).await;
+    assert_eq!(sse.status, 200);
+    publish("a", 1).await;
+    publish("b", 1).await;
+    read(&mut sse, 2, &mut got, &mut last_id).await;
+    drop(sse);
+    for n in 2..=3 {
+        publish("a", n).await;
+        publish("b", n).await;
+    }
+    // Back: the replay of both channels is queued; the stream is cut after
+    // its first event.
+    let mut sse = h.sse("rs-sse", "ch=a&ch=b", last_id.as_deref()).await;
+    read(&mut sse, 1, &mut got, &mut last_id).await;
+    drop(sse);
+    let mut sse = h.sse("rs-sse", "ch=a&ch=b", last_id.as_deref()).await;
+    publish("a", 4).await;
+    publish("b", 4).await;
+    let want: usize = 8;
+    read(&mut sse, want - got.len(), &mut got, &mut last_id).await;
+    for ch in ["a", "b"] {
+        let ns: Vec<u64> = got.iter().filter(|g| g.0 == ch).map(|g| g.1).collect();
+        assert_eq!(
+            ns,
+            [1, 2, 3, 4],
+            "channel {ch}: every message once, in order: {got:?}"
+        );
+    }
+    h.stop().await;
+}
+
+/// A `Last-Event-ID` this stream cannot read (written for another channel
+/// list) does not start the stream live in silence: each channel that has
+/// had messages begins with a `gap` over them.
+#[tokio::test]
+async fn an_sse_id_for_other_channels_is_a_gap_not_silence() {
+    let h = spawn_host().await;
+    let key = h.public_tenant("rs-sse-id").await;
+    for n in 1..=2 {
+        let (s, _) = h
+            .publish("rs-sse-id", &key, json!({"ch":"a","data":{"n":n}}))
+            .await;
+        assert_eq!(s, 200);
+    }
+    let mut sse = h.sse("rs-sse-id", "ch=a", Some("5:1,6:1")).await;
+    assert_eq!(sse.status, 200);
+    let e = sse.next().await.unwrap();
+    assert_eq!(e.event, "gap", "{e:?}");
+    assert_eq!(
+        (e.data["from"].as_u64(), e.data["to"].as_u64()),
+        (Some(1), Some(2))
+    );
+    h.stop().await;
+}

@@ -190,6 +190,7 @@ mod tests {
         let req = SseRequest {
             channels: vec!["a".into()],
             resume: None,
+            unreadable_id: false,
             cors: Vec::new(),
         };
         let sse = std::mem::size_of_val(&run_sse(

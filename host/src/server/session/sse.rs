@@ -1,8 +1,10 @@
 //! An SSE session: a one-way stream of events whose `id:` carries every
 //! channel's position, a comment every heartbeat, input read and dropped.
 //!
-//! Invariant: the `id:` of each message lists the latest position of every
-//! channel in request order, so `Last-Event-ID` resumes them all.
+//! Invariant: the `id:` of each message lists, for every channel in request
+//! order, the last position of that channel written to the stream (or, before
+//! its first, what the client resumed from), so `Last-Event-ID` resumes them
+//! all, however the stream was cut.
 
 use super::writer::{finish, flush, interest, load_and_flush, Outbox};
 use super::{queue_end, End, READ_BUDGET};
@@ -10,7 +12,7 @@ use crate::app::App;
 use crate::fanout::queue::Wire;
 use crate::fanout::session::{SessionHandle, SessionInfo};
 use crate::fanout::Published;
-use crate::proto::{sse, ws::close};
+use crate::proto::{self, sse, ws::close};
 use crate::registry::now_ms;
 use crate::server::Admitted;
 use bytes::{Bytes, BytesMut};
@@ -40,6 +42,10 @@ pub struct SseRequest {
     pub channels: Vec<String>,
     /// Positions from `Last-Event-ID`, one per channel.
     pub resume: Option<Vec<(u64, u64)>>,
+    /// A `Last-Event-ID` came that this stream cannot read (another channel
+    /// count, not Herald's): each channel starts live after a `gap` over
+    /// everything before it.
+    pub unreadable_id: bool,
     /// CORS headers of the response (the tenant's allowed origins).
     pub cors: Vec<(&'static str, String)>,
 }
@@ -79,11 +85,19 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
         let r = tenant
             .hub
             .subscribe(ch, &handle, resume, history, now_ms() as u64, |_, _| {});
-        // Until a message arrives, the id carries where the stream started.
+        // Until this channel's first frame is written, the id carries what
+        // the client already had: its replay (and gap) may still be queued
+        // behind other channels' frames, and a stream cut before it is
+        // written must bring it again. A fresh subscription has nothing to
+        // replay: it starts live, at the head.
         let start = match &req.resume {
-            Some(p) if p[i].0 == r.epoch => p[i].1.max(r.head),
-            _ => r.head,
+            Some(p) if p[i].0 == r.epoch => p[i].1,
+            Some(_) => 0,
+            None => r.head,
         };
+        if req.unreadable_id && r.head > 0 {
+            handle.deliver_ctrl("gap", &proto::encode_gap(ch, 1, r.head));
+        }
         state.positions.push((r.epoch, start));
         state.channels.push(ch.as_str().into());
         handle.add_channel(ch);
