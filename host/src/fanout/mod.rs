@@ -306,8 +306,11 @@ struct Tomb {
     epoch: u64,
     seq: u64,
     untagged_last: u64,
-    /// The highest last position of any tagged audience.
-    tagged_last: u64,
+    /// Per audience, its last position (as many as are tracked beyond the
+    /// rest, up to [`TRACKED_AUDIENCES`]).
+    tagged_last: Vec<(Arc<str>, u64)>,
+    /// The highest last position of audiences not kept in `tagged_last`.
+    forgotten_last: u64,
     shared_epoch: bool,
     rebased: bool,
     known_from: Option<u64>,
@@ -397,7 +400,8 @@ impl Channel {
             shared_epoch: t.shared_epoch,
             seq: t.seq,
             untagged_last: t.untagged_last,
-            forgotten_last: t.tagged_last,
+            tagged_last: t.tagged_last.into_iter().collect(),
+            forgotten_last: t.forgotten_last,
             rebased: t.rebased,
             known_from: t.known_from,
             marks: t.marks,
@@ -406,15 +410,20 @@ impl Channel {
     }
 
     fn tomb(&mut self) -> Tomb {
+        // A few audiences are kept as they are; a plugin tagging per user
+        // leaves one number for all of them.
+        let (tagged_last, forgotten_last) = if self.tagged_last.len() <= TRACKED_AUDIENCES {
+            (self.tagged_last.drain().collect(), self.forgotten_last)
+        } else {
+            let max = self.tagged_last.values().copied().max().unwrap_or(0);
+            (Vec::new(), self.forgotten_last.max(max))
+        };
         Tomb {
             epoch: self.epoch,
             seq: self.seq,
             untagged_last: self.untagged_last,
-            tagged_last: self
-                .tagged_last
-                .values()
-                .copied()
-                .fold(self.forgotten_last, u64::max),
+            tagged_last,
+            forgotten_last,
             shared_epoch: self.shared_epoch,
             rebased: self.rebased,
             known_from: self.known_from,
@@ -572,7 +581,11 @@ impl Channel {
             match v.audience {
                 Some(a) => out.push(frame(self.last_for(Some(a)), v, Serves::Audience(a.into()))),
                 None => {
-                    out.push(frame(self.untagged_last, v, Serves::Rest));
+                    // Audiences no longer tracked may have been sent up to
+                    // `forgotten_last`: the rest's `prev` says so (a gap shown
+                    // too eagerly once, never one hidden).
+                    let rest = self.untagged_last.max(self.forgotten_last);
+                    out.push(frame(rest, v, Serves::Rest));
                     if self.tagged_last.is_empty() {
                         continue;
                     }
@@ -582,8 +595,7 @@ impl Channel {
                         .tagged_last
                         .iter()
                         .filter(|(a, &t)| {
-                            t > self.untagged_last
-                                && !variants.iter().any(|x| x.audience == Some(&***a))
+                            t > rest && !variants.iter().any(|x| x.audience == Some(&***a))
                         })
                         .map(|(a, &t)| (t, a.clone()))
                         .collect();

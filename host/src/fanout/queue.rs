@@ -2,7 +2,11 @@
 //!
 //! Owns: the byte bound, the slow-consumer policy, and the accounting that
 //! tells the caller what the policy did. Invariants: queued bytes never exceed
-//! the bound by more than one control frame; messages of one channel stay in
+//! the bound by more than one control frame (and one `gap` per channel whose
+//! oldest messages were dropped: the session is told each drop where it
+//! happened, so a channel that stays quiet afterwards shows it too; a message
+//! conflated away shows by the `prev` of its newer one, which is always
+//! queued behind it); messages of one channel stay in
 //! `seq` order (conflation removes the older entry and appends the newer, it
 //! never moves a message ahead of another of its channel). An empty queue holds
 //! no allocation. Must never block, and never wait on a socket.
@@ -76,10 +80,27 @@ pub enum PushOutcome {
     Overflow,
 }
 
+#[derive(Debug)]
+struct Lost {
+    ch: Arc<str>,
+    from: u64,
+    to: u64,
+    /// Items ahead of the first dropped message (control frames only: the
+    /// queue drops its oldest message, and never a control frame).
+    at: usize,
+}
+
 #[derive(Debug, Default)]
 pub struct OutQueue {
     items: VecDeque<Item>,
     bytes: usize,
+    /// Per channel, the positions dropped to make room since the last take
+    /// (`from` is the first dropped message's `prev` + 1), and where the
+    /// first of them stood (behind that many control frames): the session is
+    /// told them there as a `gap`, before anything else of that channel, so a
+    /// drop on a channel that then stays quiet is seen too. At most one entry
+    /// per channel the session is subscribed to.
+    lost: Vec<Lost>,
 }
 
 impl OutQueue {
@@ -173,6 +194,17 @@ impl OutQueue {
         while self.bytes + len > limit && i < self.items.len() {
             if let Item::Msg(m) = &self.items[i] {
                 self.bytes -= m.wire_bytes(wire).len();
+                // The oldest message queued: the oldest of its channel here,
+                // so a gap sent before the rest of the queue is in order.
+                match self.lost.iter_mut().find(|l| l.ch == m.ch) {
+                    Some(l) => l.to = m.seq,
+                    None => self.lost.push(Lost {
+                        ch: m.ch.clone(),
+                        from: m.prev + 1,
+                        to: m.seq,
+                        at: i,
+                    }),
+                }
                 self.items.remove(i);
                 dropped += 1;
             } else {
@@ -182,10 +214,27 @@ impl OutQueue {
         (self.bytes + len <= limit).then_some(dropped)
     }
 
-    /// Takes everything queued, leaving an empty queue that holds no memory.
-    pub fn take(&mut self) -> VecDeque<Item> {
+    /// Takes everything queued, leaving an empty queue that holds no memory;
+    /// a `gap` for each channel whose messages were dropped comes first.
+    pub fn take(&mut self, wire: Wire) -> VecDeque<Item> {
         self.bytes = 0;
-        std::mem::take(&mut self.items)
+        let mut items = std::mem::take(&mut self.items);
+        // Latest position first, so the earlier ones stay where they were.
+        self.lost.sort_by_key(|l| std::cmp::Reverse(l.at));
+        for l in self.lost.drain(..) {
+            let json = crate::proto::encode_gap(&l.ch, l.from, l.to);
+            let gap = Item::Ctrl(match wire {
+                Wire::Ws => {
+                    crate::proto::ws::encode_frame(crate::proto::ws::OpCode::Text, json.as_bytes())
+                }
+                Wire::Sse => crate::proto::sse::encode_event("gap", &json),
+            });
+            items.insert(l.at.min(items.len()), gap);
+        }
+        if self.lost.capacity() > 0 {
+            self.lost = Vec::new();
+        }
+        items
     }
 }
 
@@ -199,7 +248,7 @@ mod tests {
     }
 
     fn seqs(q: &mut OutQueue) -> Vec<u64> {
-        q.take()
+        q.take(Wire::Ws)
             .into_iter()
             .filter_map(|i| match i {
                 Item::Msg(m) => Some(m.seq),
@@ -259,7 +308,25 @@ mod tests {
             );
             assert!(q.bytes() <= 100);
         }
-        assert_eq!(seqs(&mut q), vec![8, 9, 10]);
+        let items = q.take(Wire::Ws);
+        // What was dropped comes first, as one gap for the channel.
+        let Item::Ctrl(gap) = &items[0] else {
+            panic!("{items:?}")
+        };
+        let gap: serde_json::Value = serde_json::from_slice(&gap[2..]).unwrap();
+        assert_eq!(
+            (gap["op"].as_str(), gap["from"].as_u64(), gap["to"].as_u64()),
+            (Some("gap"), Some(1), Some(7))
+        );
+        let kept: Vec<u64> = items
+            .iter()
+            .filter_map(|i| match i {
+                Item::Msg(m) => Some(m.seq),
+                Item::Ctrl(_) => None,
+            })
+            .collect();
+        assert_eq!(kept, vec![8, 9, 10]);
+        assert!(q.take(Wire::Ws).is_empty(), "told once");
     }
 
     #[test]
@@ -304,7 +371,7 @@ mod tests {
                 SlowConsumer::DropOldest,
             );
         }
-        let items = q.take();
+        let items = q.take(Wire::Ws);
         assert!(matches!(items[0], Item::Ctrl(_)));
         // Flooding control frames past the slack overflows.
         let mut q = OutQueue::default();

@@ -210,7 +210,7 @@ impl SessionHandle {
             PushOutcome::DroppedOldest(n) => Delivery::DroppedOldest(n),
             PushOutcome::Overflow => {
                 st.closed = Some(QueueClose::SlowConsumer);
-                st.queue.take();
+                st.queue.take(self.wire);
                 Delivery::Disconnected
             }
         };
@@ -251,7 +251,7 @@ impl SessionHandle {
 
     /// Everything queued so far; the writer sends it in as few writes as it can.
     pub fn take_queued(&self) -> VecDeque<Item> {
-        self.state.lock().queue.take()
+        self.state.lock().queue.take(self.wire)
     }
 
     /// What the writer does on a wake-up, under one lock: the close reason if
@@ -262,14 +262,14 @@ impl SessionHandle {
         let mut st = self.state.lock();
         match st.closed {
             Some(QueueClose::GoingAway) if !st.queue.is_empty() => {
-                let items = st.queue.take();
+                let items = st.queue.take(self.wire);
                 drop(st);
                 // Come back for the close once these are written.
                 self.wake.notify_one();
                 Ok(items)
             }
             Some(reason) => Err(reason),
-            None => Ok(st.queue.take()),
+            None => Ok(st.queue.take(self.wire)),
         }
     }
 
@@ -285,7 +285,7 @@ impl SessionHandle {
     pub fn close(&self) {
         let mut st = self.state.lock();
         st.closed.get_or_insert(QueueClose::Ended);
-        st.queue.take();
+        st.queue.take(self.wire);
     }
 
     /// Closes the session from outside (shutdown, tenant change) and wakes
@@ -299,7 +299,7 @@ impl SessionHandle {
             }
             st.closed = Some(reason);
             if reason != QueueClose::GoingAway {
-                st.queue.take();
+                st.queue.take(self.wire);
             }
         }
         self.wake.notify_one();

@@ -207,3 +207,49 @@ async fn a_stalled_reader_holds_little_in_the_kernel() {
     assert_eq!(seqs.last(), Some(&MESSAGES), "the newest message arrives");
     h.stop().await;
 }
+
+/// Messages of a channel that then stays quiet, dropped from a slow reader's
+/// queue by another channel's flood: no later message of that channel will
+/// show the hole by its `prev`, so the reader is sent a `gap` for it.
+#[tokio::test]
+async fn a_drop_on_a_quiet_channel_is_a_gap_frame() {
+    let t = "slow-quiet";
+    let (h, key, mut slow, _healthy) = setup(t, "drop-oldest").await;
+    slow.send(json!({"op":"sub","ch":"q","id":2})).await;
+    // The socket and the queue fill up first, so q's messages wait in the
+    // queue; the rest of the flood then pushes them out.
+    flood(&h, t, &key, false).await;
+    for n in 1..=5u64 {
+        let (s, _) = h.publish(t, &key, json!({"ch":"q","data":{"n":n}})).await;
+        assert_eq!(s, 200);
+    }
+    flood(&h, t, &key, false).await;
+    let mut got = Vec::new();
+    let mut gaps = Vec::new();
+    while let Ok(Some(Ok(m))) =
+        tokio::time::timeout(Duration::from_millis(1500), slow.s.next()).await
+    {
+        if let Message::Text(text) = m {
+            let v: Value = serde_json::from_str(&text).unwrap();
+            if v["ch"] != "q" {
+                continue;
+            }
+            match v["op"].as_str() {
+                Some("msg") => got.push(v["seq"].as_u64().unwrap()),
+                Some("gap") => gaps.push((v["from"].as_u64().unwrap(), v["to"].as_u64().unwrap())),
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        got.len() < 5,
+        "the flood should have pushed q's messages out: {got:?}"
+    );
+    for seq in 1..=5u64 {
+        assert!(
+            got.contains(&seq) || gaps.iter().any(|(a, b)| *a <= seq && seq <= *b),
+            "q's message {seq} neither arrived nor was reported: got {got:?}, gaps {gaps:?}"
+        );
+    }
+    h.stop().await;
+}
