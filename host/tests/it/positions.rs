@@ -547,3 +547,56 @@ async fn a_crash_loses_no_held_kafka_record() {
         .collect();
     assert_eq!(ns, [0, 1, 2]);
 }
+
+/// HTTP publish into a topic of several partitions: one channel's messages
+/// with different conflation keys go to one partition (the channel's), so
+/// they arrive in publish order with one chain and the `seq` each publish
+/// was answered with — no rebase.
+#[tokio::test]
+async fn http_publish_into_several_partitions_keeps_a_channel_in_one() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("pos-parts", 4, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let h = spawn_host().await;
+    let key = h.public_tenant("pos-parts").await;
+    let body = json!({"kind":"kafka","brokers":brokers,"topics":["pos-parts"],"start":"earliest"});
+    let (s, v) = h
+        .admin(
+            Method::PUT,
+            "/admin/v1/tenants/pos-parts/source",
+            Some(body),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    wait_live(&h, "pos-parts").await;
+    let mut ws = h.ws("pos-parts").await;
+    ws.sub("t", 1).await;
+    let mut answered = Vec::new();
+    for n in 0..12u64 {
+        let (s, v) = h
+            .publish(
+                "pos-parts",
+                &key,
+                json!({"ch":"t","key":format!("k{n}"),"data":{"n":n}}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        answered.push(v["seq"].as_u64().expect("the answer names the seq"));
+    }
+    let got = msgs(&mut ws, 12).await;
+    let ns: Vec<u64> = got
+        .iter()
+        .map(|m| m["data"]["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ns, (0..12).collect::<Vec<_>>(), "publish order");
+    for w in got.windows(2) {
+        assert_eq!(w[1]["prev"], w[0]["seq"], "one chain: {got:?}");
+    }
+    let seqs: Vec<u64> = got.iter().map(|m| m["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, answered, "the answered seq is the delivered one");
+    let (_, v) = h
+        .admin(Method::GET, "/admin/v1/tenants/pos-parts/source", None)
+        .await;
+    assert_eq!(v["health"]["rebased"], 0, "{v}");
+    h.stop().await;
+}

@@ -6,15 +6,20 @@
 //! Owns: the tenant's producer (made on first use; idempotent, `acks=all`),
 //! how a publish item becomes a record (its channel where the source reads
 //! channels from: a header, the key or the topic), and waiting for the
-//! brokers' acknowledgement. Invariant: a publish is answered only after
-//! every record of it was acknowledged (or says which were not). Never:
-//! delivers anything itself.
+//! brokers' acknowledgement. Invariants: a publish is answered only after
+//! every record of it was acknowledged (or says which were not); every
+//! record that names its channel goes to that channel's partition (a stable
+//! hash of the name over the topic's partitions), so one channel's messages
+//! keep one order and one chain of positions on every node, whatever their
+//! conflation keys. Never: delivers anything itself.
 
 use super::{client_error, options::KafkaOptions, ChannelFrom, TUNING};
 use crate::source::Outgoing;
+use parking_lot::Mutex;
 use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -46,6 +51,19 @@ pub struct Publisher {
     options: KafkaOptions,
     channel_from: ChannelFrom,
     producer: OnceLock<Result<FutureProducer, String>>,
+    /// Partitions per topic (by index), read from the brokers on first use.
+    partitions: Mutex<HashMap<usize, i32>>,
+}
+
+/// The partition of `channel` among `count`: FNV-1a of the name, stable
+/// across nodes, versions and restarts.
+fn partition_for(channel: &str, count: i32) -> i32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in channel.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % count.max(1) as u64) as i32
 }
 
 impl Publisher {
@@ -62,7 +80,36 @@ impl Publisher {
             channel_from: ChannelFrom::parse(channel_from)
                 .unwrap_or(ChannelFrom::Header("channel".into())),
             producer: OnceLock::new(),
+            partitions: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// How many partitions topic `index` has (asked once, then remembered).
+    async fn partition_count(
+        &self,
+        producer: &FutureProducer,
+        index: usize,
+    ) -> Result<i32, ProduceError> {
+        if let Some(&n) = self.partitions.lock().get(&index) {
+            return Ok(n);
+        }
+        let (p, topic) = (producer.clone(), self.topics[index].clone());
+        let n = tokio::task::spawn_blocking(move || {
+            let md = p
+                .client()
+                .fetch_metadata(Some(&topic), DELIVERY_TIMEOUT)
+                .map_err(|e| format!("kafka metadata of {topic}: {e}"))?;
+            md.topics()
+                .first()
+                .map(|t| t.partitions().len() as i32)
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("kafka topic {topic} has no partitions"))
+        })
+        .await
+        .map_err(|e| ProduceError::Unavailable(e.to_string()))?
+        .map_err(ProduceError::Unavailable)?;
+        self.partitions.lock().insert(index, n);
+        Ok(n)
     }
 
     fn producer(&self) -> Result<&FutureProducer, ProduceError> {
@@ -125,6 +172,16 @@ impl Publisher {
             let topic_index = self.topic_of(item)?;
             let topic = &self.topics[topic_index];
             let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(item.payload);
+            // The channel's partition: its messages in one order, whatever
+            // their keys (the conflation key only travels as the key).
+            let channel = match &self.channel_from {
+                ChannelFrom::Topic => item.channel.or(Some(topic.as_str())),
+                _ => item.channel,
+            };
+            if let Some(ch) = channel {
+                let count = self.partition_count(producer, topic_index).await?;
+                record = record.partition(partition_for(ch, count));
+            }
             let key = match &self.channel_from {
                 ChannelFrom::Key => item.channel.map(str::as_bytes),
                 _ => item.key.map(str::as_bytes),
