@@ -327,6 +327,10 @@ pub(crate) async fn publish_body(
     Ok(answer(results, batch))
 }
 
+/// How long a publish on a Kafka tenant waits for this node's reader to know
+/// where it starts (a source just set, a node starting).
+const READER_START_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A Kafka tenant: the batch is produced into its topic, answered once the
 /// brokers acknowledged every record; every node delivers it from there at
 /// offset + 1.
@@ -336,6 +340,19 @@ async fn produced(
     items: &[PublishItem],
     batch: bool,
 ) -> Result<Response, ApiError> {
+    // Not before this node's reader knows where it starts: a record produced
+    // earlier could fall before a `latest` it resolves later, and reach no
+    // subscriber here.
+    let deadline = tokio::time::Instant::now() + READER_START_WAIT;
+    while !tenant.hub.started() {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApiError::SourceUnavailable(
+                "Kafka topic",
+                "this node's reader has not started yet; try again".into(),
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     let written = kafka.publish(&outgoing(items)).await.map_err(|e| match e {
         ProduceError::Bad(m) => ApiError::BadRequest(m),
         ProduceError::Unavailable(m) => ApiError::SourceUnavailable("Kafka topic", m),

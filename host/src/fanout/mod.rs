@@ -328,9 +328,20 @@ struct Subscriber {
     /// from there, possibly on a node that had read further than this one),
     /// or was told they are a gap (see `Hub::subscribe`).
     floor: u64,
-    /// The session resumed from `since` while this node did not yet know
-    /// where its reader starts: its gap is settled by `Hub::reading_from`.
-    pending: Option<u64>,
+    /// The session's position is not settled yet (see [`Pending`]).
+    pending: Option<Pending>,
+}
+
+/// A subscription made before this node could account for what precedes it.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    /// The position the session has.
+    since: u64,
+    /// A fresh subscription (no resume) made while the reader's start was
+    /// unknown: only a reader that began past records it did not read
+    /// (Kafka `latest`, an outbox's newest row) can have skipped some of
+    /// what came after it.
+    fresh: bool,
 }
 
 /// The epoch of channel `name` of a source known by `seed`: the same on
@@ -671,6 +682,8 @@ pub struct Hub {
     /// spaces, so it says nothing exact about any one channel's stream.
     stream: AtomicU64,
     several: std::sync::atomic::AtomicBool,
+    /// The reader began past records it did not read (`reading_from`).
+    skipped: std::sync::atomic::AtomicBool,
     /// What channels dropped while empty left behind (see [`Tomb`]).
     tombs: Mutex<HashMap<Arc<str>, Tomb>>,
 }
@@ -685,6 +698,7 @@ impl Default for Hub {
             read: AtomicU64::new(0),
             stream: AtomicU64::new(0),
             several: std::sync::atomic::AtomicBool::new(false),
+            skipped: std::sync::atomic::AtomicBool::new(false),
             tombs: Mutex::new(HashMap::new()),
         }
     }
@@ -725,9 +739,15 @@ impl Hub {
     /// Called before the reader hands ingest anything. Channels made before
     /// now learn it, and sessions that resumed on them meanwhile get their
     /// gap (with one stream; with several, at their first message).
-    pub fn reading_from(&self, number: u64, streams: usize) {
+    /// `skipped`: the reader began past records it did not read (no stored
+    /// position): a session that subscribed while the start was unknown may
+    /// have missed some of them and is told so.
+    pub fn reading_from(&self, number: u64, streams: usize, skipped: bool) {
         if streams > 1 {
             self.several.store(true, Ordering::Release);
+        }
+        if skipped {
+            self.skipped.store(true, Ordering::Release);
         }
         let at = upto(number);
         let _ = self
@@ -745,16 +765,21 @@ impl Hub {
             }
             let name = c.name.clone();
             for s in c.subscribers.values_mut() {
-                let Some(since) = s.pending.take() else {
+                let Some(Pending { since, fresh }) = s.pending.take() else {
                     continue;
                 };
-                if since < known {
+                if (!fresh || skipped) && since < known {
                     s.handle
                         .deliver_ctrl("gap", &proto::encode_gap(&name, since + 1, known));
                     s.floor = s.floor.max(known);
                 }
             }
         }
+    }
+
+    /// Whether the reader has said where it starts.
+    pub fn started(&self) -> bool {
+        self.start.load(Ordering::Acquire) != UNKNOWN
     }
 
     /// The reader has read a record at `number` of `stream` (called before
@@ -865,11 +890,12 @@ impl Hub {
             let Some(p) = pick(&frames, s.handle.audience()) else {
                 return true;
             };
-            if let Some(since) = s.pending.take() {
+            if let Some(Pending { since, fresh }) = s.pending.take() {
                 // The session's first message here: what came between its
                 // `since` and this may have been read before this node knew
                 // the channel.
-                if unknown_below > since && seq - 1 > since {
+                let may_miss = !fresh || self.skipped.load(Ordering::Acquire);
+                if may_miss && unknown_below > since && seq - 1 > since {
                     s.handle
                         .deliver_ctrl("gap", &proto::encode_gap(&name, since + 1, seq - 1));
                 }
@@ -1002,7 +1028,12 @@ impl Hub {
                     (Some(_), Some(f)) => missing = f.seq - 1,
                     // Not known yet: settled when the reader says where it
                     // starts (one stream) or by the first message.
-                    _ => sub.pending = Some(since),
+                    _ => {
+                        sub.pending = Some(Pending {
+                            since,
+                            fresh: false,
+                        })
+                    }
                 }
             }
             let floor = since.max(missing);
@@ -1020,6 +1051,12 @@ impl Hub {
                 result.replayed += 1;
             }
         } else {
+            if c.shared_epoch && known.is_none() {
+                sub.pending = Some(Pending {
+                    since: head,
+                    fresh: true,
+                });
+            }
             before_replay(c.epoch, head);
         }
         c.subscribers.insert(key_of(session), sub);
@@ -1091,6 +1128,7 @@ impl Hub {
         self.read.store(0, Ordering::Release);
         self.stream.store(0, Ordering::Release);
         self.several.store(false, Ordering::Release);
+        self.skipped.store(false, Ordering::Release);
         self.tombs.lock().clear();
         let channels: Vec<_> = self.channels.lock().values().cloned().collect();
         for c in channels {

@@ -507,3 +507,129 @@ fn fresh_names_leave_no_channels() {
     hub.unsubscribe("held-1", &s);
     assert_eq!(hub.channel_count(), 9);
 }
+
+/// The control frames queued for `s`, as JSON.
+fn ctrls(s: &SessionHandle) -> Vec<serde_json::Value> {
+    s.take_queued()
+        .into_iter()
+        .filter_map(|i| match i {
+            Item::Ctrl(b) => Some(serde_json::from_slice(&b[2..]).unwrap()),
+            Item::Msg(_) => None,
+        })
+        .collect()
+}
+
+fn gaps(s: &SessionHandle) -> Vec<(u64, u64)> {
+    ctrls(s)
+        .iter()
+        .filter(|v| v["op"] == "gap")
+        .map(|v| (v["from"].as_u64().unwrap(), v["to"].as_u64().unwrap()))
+        .collect()
+}
+
+fn sourced(read_before: u64) -> Hub {
+    let hub = Hub::default();
+    hub.new_source(Some(42));
+    hub.reading_from(read_before, 1, false);
+    hub
+}
+
+/// A restarted node (its reader resumes past record 7, its channels are
+/// gone): a client that had position 2000 gets a gap up to what the node
+/// read before it began, and nothing at or below it twice.
+#[test]
+fn a_resume_below_what_a_restarted_node_read_is_a_gap() {
+    let hub = sourced(7);
+    let s = session();
+    let epoch = shared_epoch(42, "a");
+    let r = hub.subscribe("a", &s, Some((2000, Some(epoch))), LIMITS, 0, |_, _| {});
+    assert_eq!(r.gap, Some((2001, 7999)));
+    assert_eq!(r.head, 7999);
+    assert_eq!(gaps(&s), [(2001, 7999)]);
+    // Record 8 is read and published: it is new to the client.
+    hub.read_to(0, 8);
+    hub.publish_at(&msg("a", at(0, 8, 0), &ONE), &[], LIMITS, 0)
+        .unwrap();
+    assert_eq!(msgs(&s), [(8000, 0)]);
+}
+
+/// A node behind the client (it has read up to record 3, the client saw
+/// 5000 elsewhere): no replay, no gap; what it reads up to 5000 is not sent
+/// again, what comes after is.
+#[test]
+fn a_node_behind_the_client_defers_to_its_reader() {
+    let hub = sourced(0);
+    for n in 1..=3 {
+        hub.read_to(0, n);
+        hub.publish_at(&msg("a", at(0, n, 0), &ONE), &[], LIMITS, 0)
+            .unwrap();
+    }
+    let s = session();
+    let r = hub.subscribe(
+        "a",
+        &s,
+        Some((5000, Some(shared_epoch(42, "a")))),
+        LIMITS,
+        0,
+        |_, _| {},
+    );
+    assert_eq!((r.gap, r.replayed), (None, 0));
+    for n in 4..=6 {
+        hub.read_to(0, n);
+        hub.publish_at(&msg("a", at(0, n, 0), &ONE), &[], LIMITS, 0)
+            .unwrap();
+    }
+    assert_eq!(msgs(&s), [(6000, 5000)]);
+}
+
+/// A channel swept while quiet leaves a tomb: a client that saw its last
+/// message resumes without a false gap; one that saw less gets the gap.
+#[test]
+fn a_swept_channel_continues_from_its_tomb() {
+    let hub = sourced(0);
+    let epoch = shared_epoch(42, "a");
+    for n in 1..=2 {
+        hub.read_to(0, n);
+        hub.publish_at(&msg("a", at(0, n, 0), &ONE), &[], LIMITS, 0)
+            .unwrap();
+    }
+    let expire = HistoryLimits {
+        max_age_ms: 10,
+        ..LIMITS
+    };
+    assert_eq!(hub.sweep(expire, 1_000), 1);
+    assert_eq!(hub.channel_count(), 0);
+    let s = session();
+    let r = hub.subscribe("a", &s, Some((2000, Some(epoch))), LIMITS, 1_000, |_, _| {});
+    assert_eq!((r.epoch, r.head, r.gap), (epoch, 2000, None));
+    hub.unsubscribe("a", &s);
+    let t = session();
+    let r = hub.subscribe("a", &t, Some((1000, Some(epoch))), LIMITS, 1_000, |_, _| {});
+    assert_eq!(r.gap, Some((1001, 2000)));
+}
+
+/// A session that subscribed while the reader's start was unknown: a
+/// reader that began past records it never read tells it; one that resumed
+/// from a stored position does not.
+#[test]
+fn a_subscription_made_while_starting_learns_what_the_start_skipped() {
+    for (skipped, want) in [(true, vec![(1, 9999)]), (false, vec![])] {
+        let hub = Hub::default();
+        hub.new_source(Some(42));
+        let s = session();
+        let r = hub.subscribe("a", &s, None, LIMITS, 0, |_, _| {});
+        assert_eq!(r.head, 0);
+        let resumed = session();
+        hub.subscribe(
+            "a",
+            &resumed,
+            Some((4000, Some(shared_epoch(42, "a")))),
+            LIMITS,
+            0,
+            |_, _| {},
+        );
+        hub.reading_from(9, 1, skipped);
+        assert_eq!(gaps(&s), want, "skipped: {skipped}");
+        assert_eq!(gaps(&resumed), [(4001, 9999)], "skipped: {skipped}");
+    }
+}

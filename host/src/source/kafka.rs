@@ -406,6 +406,9 @@ impl Reader {
             .map_err(|e| e.to_string())?
             .and_then(|s| serde_json::from_str(&s).ok())
             .unwrap_or_default();
+        // Without stored positions a reader that starts at `latest` or a
+        // timestamp begins past records it never read.
+        let skipped = stored.is_empty() && !matches!(self.start, KafkaStart::Earliest);
         let partitions = Arc::new(Mutex::new(Partitions::new(stored)));
         let (c, p, topics, start) = (
             consumer.clone(),
@@ -431,7 +434,7 @@ impl Reader {
         // before where this node began.
         self.tenant
             .hub
-            .reading_from(next.unwrap_or(0).max(0) as u64, count);
+            .reading_from(next.unwrap_or(0).max(0) as u64, count, skipped);
         {
             let mut h = self.health.lock();
             h.partitions = Some(count);

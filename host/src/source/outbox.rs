@@ -375,7 +375,7 @@ impl Reader {
             Origin::Log(_) => Wake::Bell(&self.tenant.log_written),
         };
         let key = self.or_stop(source_key(pool, &self.table)).await?;
-        let mut cursor = self.or_stop(self.load_cursor(pool, &sql, &key)).await?;
+        let (mut cursor, fresh) = self.or_stop(self.load_cursor(pool, &sql, &key)).await?;
         // Where this node's knowledge of the source starts (ARCHITECTURE.md,
         // "Positions"): every id up to it was read by an earlier process, or
         // lies before where this node began. A cursor from a Herald that did
@@ -398,7 +398,7 @@ impl Reader {
                 r
             }
         };
-        self.tenant.hub.reading_from(read.max(0) as u64, 1);
+        self.tenant.hub.reading_from(read.max(0) as u64, 1, fresh);
         let mut last_progress = Instant::now();
         let mut held_since: Option<Instant> = None;
         let mut recheck = HOLD_RECHECK;
@@ -537,7 +537,7 @@ impl Reader {
         pool: &PgPool,
         sql: &Sql,
         key: &str,
-    ) -> Result<Cursor, OutboxError> {
+    ) -> Result<(Cursor, bool), OutboxError> {
         let registry_err = |e| OutboxError::Query(format!("reading the cursor: {e}"));
         let (tenant, node) = (&self.tenant.id, &self.app.config.node_id);
         let old_key = format!("outbox:{}", self.table);
@@ -561,6 +561,8 @@ impl Reader {
                 .and_then(Cursor::parse);
             taken_over = stored.is_some();
         }
+        // Without a stored cursor the reader begins past rows it never read.
+        let fresh = stored.is_none();
         let cursor = match stored {
             Some(Stored::Current(c)) => c,
             Some(Stored::BareId(after_id)) => {
@@ -611,7 +613,7 @@ impl Reader {
                 .await
                 .map_err(|e| OutboxError::Query(format!("storing the cursor: {e}")))?;
         }
-        Ok(cursor)
+        Ok((cursor, fresh))
     }
 
     /// Where a log reader without a cursor starts: after the tenant's last

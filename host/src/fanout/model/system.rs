@@ -162,7 +162,7 @@ struct World {
 fn hub(streams: usize, stored_read: u64) -> Hub {
     let h = Hub::default();
     h.new_source(Some(SEED));
-    h.reading_from(stored_read, streams);
+    h.reading_from(stored_read, streams, false);
     h
 }
 
