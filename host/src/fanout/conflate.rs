@@ -168,8 +168,9 @@ impl Conflator {
     /// Holds `msg`, combining it with an earlier one of the same channel and
     /// key through `combine(key, older, newer)` (latest-wins or the plugin's
     /// merge). The entry takes the newer message's variants, each combined
-    /// with the older variant its audience would have received, and the
-    /// newer message's place in the order.
+    /// with the older variant its audience would have received, keeps the
+    /// older variants of audiences the newer message does not reach (their
+    /// latest for the key), and takes the newer message's place in the order.
     pub fn offer(
         &mut self,
         msg: Held,
@@ -209,7 +210,20 @@ impl Conflator {
             // message, combined with what it would have seen of the older.
             self.bytes -= held_bytes(held);
             let older = std::mem::take(&mut held.variants);
-            held.variants = msg
+            // Who the newer message reaches: its tagged audiences, and with
+            // an untagged variant everyone else too.
+            let newer_untagged = msg.variants.iter().any(|v| v.audience.is_none());
+            let covered = |a: &Option<String>| {
+                newer_untagged || msg.variants.iter().any(|v| v.audience == *a)
+            };
+            // An audience the newer message does not reach keeps what it
+            // would have seen of the older one: its latest for this key.
+            let kept: Vec<HeldVariant> = older
+                .iter()
+                .filter(|o| !covered(&o.audience))
+                .cloned()
+                .collect();
+            let mut variants: Vec<HeldVariant> = msg
                 .variants
                 .into_iter()
                 .map(|v| {
@@ -223,6 +237,8 @@ impl Conflator {
                     }
                 })
                 .collect();
+            variants.extend(kept);
+            held.variants = variants;
             self.bytes += held_bytes(held);
             return (Offer::Conflated, None);
         }
