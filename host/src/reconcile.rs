@@ -199,7 +199,7 @@ async fn apply(app: &Arc<App>, rec: &TenantRecord) -> (Change, Option<Arc<Tenant
     }
     let running = tenant.source.lock().config.clone();
     if change == Change::Created || running != source {
-        source::start(app, &tenant, source).await;
+        source::start(app, &tenant, source, rec.created_at_ms).await;
         change = change.max_with(Change::Updated);
     }
     (change, Some(tenant))

@@ -7,7 +7,9 @@
 //! Invariants: a batch is one transaction, its ids in batch order, announced
 //! (NOTIFY) at commit; one tenant's appends hold an advisory lock until they
 //! commit, so its ids follow commit order; rows older than
-//! `--cluster-log-retention-secs` are deleted. Never: delivers anything itself.
+//! `--cluster-log-retention-secs` are deleted, and the last deleted row of
+//! each tenant is recorded in the same statement. Never: delivers anything
+//! itself.
 
 use super::{Cluster, PUBLISH_CHANNEL};
 use crate::app::App;
@@ -62,10 +64,15 @@ pub async fn append(
     Ok(ids)
 }
 
-/// Deletes rows past the retention, once a minute (every node does; the
-/// statement is idempotent).
+/// Deletes rows past the retention, every half retention and at least once a
+/// minute (every node does; the statement is idempotent), and records per
+/// tenant the last row it deleted: a reader whose cursor is below that mark
+/// may have missed rows, and says so (`source::outbox`) instead of reading
+/// on past the hole.
 pub(super) async fn prune(app: Arc<App>, cluster: Arc<Cluster>) {
-    let mut tick = tokio::time::interval(super::PRUNE_EVERY);
+    let every = (cluster.config.log_retention / 2)
+        .clamp(std::time::Duration::from_millis(500), super::PRUNE_EVERY);
+    let mut tick = tokio::time::interval(every);
     let keep = cluster.config.log_retention.as_secs_f64();
     loop {
         tokio::select! {
@@ -73,17 +80,42 @@ pub(super) async fn prune(app: Arc<App>, cluster: Arc<Cluster>) {
             _ = tick.tick() => {}
         }
         let r = sqlx::query(
-            "DELETE FROM herald_publish_log WHERE created_at < now() - make_interval(secs => $1)",
+            "WITH gone AS (\
+                DELETE FROM herald_publish_log WHERE created_at < now() - make_interval(secs => $1) \
+                RETURNING tenant_id, xid, id), \
+             last AS (\
+                SELECT DISTINCT ON (tenant_id) tenant_id, xid, id, max(id) OVER (PARTITION BY tenant_id) AS max_id \
+                FROM gone ORDER BY tenant_id, xid DESC, id DESC) \
+             INSERT INTO herald_publish_log_pruned AS p (tenant_id, xid, id, max_id) \
+             SELECT tenant_id, xid, id, max_id FROM last \
+             ON CONFLICT (tenant_id) DO UPDATE SET \
+                xid = CASE WHEN (EXCLUDED.xid, EXCLUDED.id) > (p.xid, p.id) THEN EXCLUDED.xid ELSE p.xid END, \
+                id = CASE WHEN (EXCLUDED.xid, EXCLUDED.id) > (p.xid, p.id) THEN EXCLUDED.id ELSE p.id END, \
+                max_id = greatest(p.max_id, EXCLUDED.max_id)",
         )
         .bind(keep)
         .execute(&cluster.pool)
         .await;
         match r {
             Ok(done) if done.rows_affected() > 0 => {
-                tracing::debug!(rows = done.rows_affected(), "publish log pruned")
+                tracing::debug!(tenants = done.rows_affected(), "publish log pruned")
             }
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "publish log not pruned"),
         }
     }
+}
+
+/// The last row retention deleted of `tenant`'s log, in `(xid, id)` order,
+/// and the highest id it deleted; `None` when it deleted none.
+pub async fn pruned(
+    pool: &sqlx::PgPool,
+    tenant: &str,
+) -> Result<Option<(String, i64, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT xid::text, id, max_id FROM herald_publish_log_pruned WHERE tenant_id = $1",
+    )
+    .bind(tenant)
+    .fetch_optional(pool)
+    .await
 }

@@ -329,7 +329,38 @@ struct Subscriber {
     /// or was told they are a gap (see `Hub::subscribe`).
     floor: u64,
     /// The session's position is not settled yet (see [`Pending`]).
-    pending: Option<Pending>,
+    pending: PendingSlot,
+}
+
+/// An `Option<Pending>` in one word (a subscriber is kept per subscription:
+/// its size is per-connection memory): `u64::MAX` for none, the top bit for
+/// `fresh`, positions below 2^63.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PendingSlot(u64);
+
+impl PendingSlot {
+    const NONE: PendingSlot = PendingSlot(u64::MAX);
+    const FRESH: u64 = 1 << 63;
+
+    fn of(p: Pending) -> PendingSlot {
+        let since = p.since.min(Self::FRESH - 1);
+        PendingSlot(if p.fresh { since | Self::FRESH } else { since })
+    }
+
+    fn is_some(self) -> bool {
+        self != Self::NONE
+    }
+
+    fn take(&mut self) -> Option<Pending> {
+        if !self.is_some() {
+            return None;
+        }
+        let v = std::mem::replace(self, Self::NONE).0;
+        Some(Pending {
+            since: v & !Self::FRESH,
+            fresh: v & Self::FRESH != 0,
+        })
+    }
 }
 
 /// A subscription made before this node could account for what precedes it.
@@ -465,7 +496,7 @@ impl Channel {
     fn announce_epoch(&mut self) {
         for s in self.subscribers.values_mut() {
             s.floor = 0;
-            s.pending = None;
+            s.pending = PendingSlot::NONE;
             let head = self.untagged_last;
             let json = proto::encode_ack(None, Some((&self.name, self.epoch, head)));
             s.handle.deliver_ctrl("ack", &json);
@@ -777,6 +808,67 @@ impl Hub {
         }
     }
 
+    /// The reader could not read records of `stream` up to `number` (the
+    /// shared log's retention deleted them, a Kafka offset fell out of
+    /// range): they are unknown here. Every session of a channel they may
+    /// have fed is told so by a `gap` up to them (and will not be sent
+    /// anything at or below), and such a channel's chain goes on from there,
+    /// so a later resume below it is a gap too. Called before the reader
+    /// reads on past them.
+    pub fn skip_to(&self, stream: u32, number: u64) {
+        let k = upto(number);
+        self.read.fetch_max(k, Ordering::AcqRel);
+        let several = self.several.load(Ordering::Acquire);
+        // A revived channel would continue a chain that does not know.
+        self.tombs.lock().clear();
+        let channels: Vec<_> = self.channels.lock().values().cloned().collect();
+        for chan in channels {
+            let mut c = chan.lock();
+            let fed = c.marks.iter().any(|m| m.stream == stream);
+            let known = c.known_from.unwrap_or(0).max(k);
+            c.known_from = Some(known);
+            if several && !fed {
+                // Several streams and no sign of which feeds it: its
+                // sessions' next message settles it (`Pending`).
+                let lasts: Vec<u64> = c
+                    .subscribers
+                    .values()
+                    .map(|s| c.last_for(s.handle.audience()))
+                    .collect();
+                for (s, last) in c.subscribers.values_mut().zip(lasts) {
+                    if !s.pending.is_some() {
+                        s.pending = PendingSlot::of(Pending {
+                            since: s.floor.max(last),
+                            fresh: false,
+                        });
+                    }
+                }
+                continue;
+            }
+            let name = c.name.clone();
+            let lasts: Vec<u64> = c
+                .subscribers
+                .values()
+                .map(|s| c.last_for(s.handle.audience()))
+                .collect();
+            for (s, last) in c.subscribers.values_mut().zip(lasts) {
+                let from = s.floor.max(last) + 1;
+                if k >= from {
+                    s.handle
+                        .deliver_ctrl("gap", &proto::encode_gap(&name, from, k));
+                }
+                s.floor = s.floor.max(k);
+                s.pending = PendingSlot::NONE;
+            }
+            c.seq = c.seq.max(k);
+            c.untagged_last = c.untagged_last.max(k);
+            for t in c.tagged_last.values_mut() {
+                *t = (*t).max(k);
+            }
+            c.forgotten_last = c.forgotten_last.max(k);
+        }
+    }
+
     /// Whether the reader has said where it starts.
     pub fn started(&self) -> bool {
         self.start.load(Ordering::Acquire) != UNKNOWN
@@ -884,7 +976,9 @@ impl Hub {
             if seq <= s.floor {
                 // The node is behind the session: it reads on from here,
                 // so nothing after `since` is unknown to it.
-                s.pending = None;
+                if s.pending.is_some() {
+                    s.pending = PendingSlot::NONE;
+                }
                 return true;
             }
             let Some(p) = pick(&frames, s.handle.audience()) else {
@@ -986,7 +1080,7 @@ impl Hub {
         let mut sub = Subscriber {
             handle: session.clone(),
             floor: 0,
-            pending: None,
+            pending: PendingSlot::NONE,
         };
         if let Some((since, epoch)) = resume {
             let same_epoch = epoch.is_none_or(|e| e == c.epoch);
@@ -1029,7 +1123,7 @@ impl Hub {
                     // Not known yet: settled when the reader says where it
                     // starts (one stream) or by the first message.
                     _ => {
-                        sub.pending = Some(Pending {
+                        sub.pending = PendingSlot::of(Pending {
                             since,
                             fresh: false,
                         })
@@ -1052,7 +1146,7 @@ impl Hub {
             }
         } else {
             if c.shared_epoch && known.is_none() {
-                sub.pending = Some(Pending {
+                sub.pending = PendingSlot::of(Pending {
                     since: head,
                     fresh: true,
                 });

@@ -376,7 +376,7 @@ fn sweep_spares_a_channel_in_use() {
             Subscriber {
                 handle: s.clone(),
                 floor: 0,
-                pending: None,
+                pending: PendingSlot::NONE,
             },
         );
     }

@@ -239,6 +239,21 @@ impl Registry {
             .bind(id)
             .execute(&mut *tx)
             .await?;
+        // Its readers' positions go with it: a tenant made again under the
+        // same id starts afresh, never at another source's offsets.
+        sqlx::query("DELETE FROM ingest_cursors WHERE tenant_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        if matches!(self.backend, Backend::Postgres) {
+            // The shared log of cluster mode (Postgres only).
+            for table in ["herald_publish_log", "herald_publish_log_pruned"] {
+                sqlx::query(&format!("DELETE FROM {table} WHERE tenant_id = $1"))
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
         let r = sqlx::query("DELETE FROM tenants WHERE id = $1")
             .bind(id)
             .execute(&mut *tx)

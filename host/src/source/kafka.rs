@@ -165,6 +165,9 @@ fn reader_config(brokers: &str, options: &KafkaOptions, group: &str) -> ClientCo
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
+        // A position that falls out of range while reading goes back to the
+        // earliest record held, never ahead to the newest.
+        .set("auto.offset.reset", "earliest")
         .set("queued.max.messages.kbytes", "16384");
     config
 }
@@ -295,6 +298,9 @@ pub struct Reader {
     stop: CancellationToken,
     /// When the positions were last stored.
     saved: Mutex<Instant>,
+    /// The registry key of this node's positions (`source_key`), known once
+    /// connected.
+    key: Mutex<String>,
 }
 
 /// One connection to the brokers, shared by reading and watching.
@@ -351,11 +357,27 @@ impl Reader {
             health,
             stop,
             saved: Mutex::new(Instant::now()),
+            key: Mutex::new(String::new()),
         }
     }
 
-    fn source_key(&self) -> String {
+    /// Where this node's positions were kept by Herald versions that named
+    /// them by the topic list (a topic added lost them all).
+    fn legacy_key(&self) -> String {
         format!("kafka:{}", self.topics.join(","))
+    }
+
+    /// The registry key of this node's positions: the Kafka cluster (its id,
+    /// as the brokers report it), so that another cluster with the same topic
+    /// names never lends its offsets, and adding a topic keeps the others'.
+    /// Brokers that report no id: the topic list, as before.
+    fn source_key(&self) -> String {
+        let key = self.key.lock().clone();
+        if key.is_empty() {
+            self.legacy_key()
+        } else {
+            key
+        }
     }
 
     pub async fn run(self) {
@@ -394,18 +416,30 @@ impl Reader {
                 .create_with_context(ctx)
                 .map_err(client_error)?,
         );
-        let stored: BTreeMap<String, i64> = self
-            .app
-            .registry
-            .cursor(
-                &self.tenant.id,
-                &self.app.config.node_id,
-                &self.source_key(),
-            )
-            .await
-            .map_err(|e| e.to_string())?
-            .and_then(|s| serde_json::from_str(&s).ok())
-            .unwrap_or_default();
+        let c = consumer.clone();
+        let cluster =
+            tokio::task::spawn_blocking(move || c.client().fetch_cluster_id(CONNECT_TIMEOUT))
+                .await
+                .map_err(|e| e.to_string())?;
+        let key = match cluster {
+            Some(id) => format!("kafka-cluster:{id}"),
+            None => self.legacy_key(),
+        };
+        *self.key.lock() = key.clone();
+        let mut stored = BTreeMap::new();
+        for k in [key, self.legacy_key()] {
+            stored = self
+                .app
+                .registry
+                .cursor(&self.tenant.id, &self.app.config.node_id, &k)
+                .await
+                .map_err(|e| e.to_string())?
+                .and_then(|s| serde_json::from_str::<BTreeMap<String, i64>>(&s).ok())
+                .unwrap_or_default();
+            if !stored.is_empty() {
+                break;
+            }
+        }
         // Without stored positions a reader that starts at `latest` or a
         // timestamp begins past records it never read.
         let skipped = stored.is_empty() && !matches!(self.start, KafkaStart::Earliest);
@@ -435,6 +469,14 @@ impl Reader {
         self.tenant
             .hub
             .reading_from(next.unwrap_or(0).max(0) as u64, count, skipped);
+        let lost = partitions.lock().take_skipped();
+        for (topic, partition, earliest) in lost {
+            tracing::warn!(tenant = %self.tenant.id, %topic, partition, earliest, "the stored position had fallen out of the topic's retention; subscribers are told of the gap");
+            self.tenant.hub.skip_to(
+                stream_id(&self.topics, &topic, partition),
+                earliest.max(0) as u64,
+            );
+        }
         {
             let mut h = self.health.lock();
             h.partitions = Some(count);

@@ -98,8 +98,10 @@ impl SourceConfig {
     /// cluster mode so do HTTP publishes (the shared log). `None`: the
     /// positions are this node's own (HTTP publish on a node of its own).
     /// The same source set again gives the same seed; tuning options and
-    /// credentials are not part of it.
-    pub fn epoch_seed(&self, tenant: &str, cluster: bool) -> Option<u64> {
+    /// credentials are not part of it. The tenant's creation time is: a
+    /// tenant deleted and made again under the same id is another position
+    /// space, even on the same source.
+    pub fn epoch_seed(&self, tenant: &str, created_at_ms: i64, cluster: bool) -> Option<u64> {
         let identity = match self {
             SourceConfig::Http { .. } if cluster => "http log".to_string(),
             SourceConfig::Http { .. } => return None,
@@ -113,7 +115,7 @@ impl SourceConfig {
             } => format!("kafka {brokers} {}", topics.join(",")),
         };
         use sha2::{Digest, Sha256};
-        let d = Sha256::digest(format!("{tenant}\n{identity}").as_bytes());
+        let d = Sha256::digest(format!("{tenant}\n{created_at_ms}\n{identity}").as_bytes());
         Some(u64::from_be_bytes(d[..8].try_into().unwrap_or_default()))
     }
 
@@ -408,7 +410,7 @@ pub(crate) async fn keep_reading<E, F>(
 
 /// Starts the tenant's source task on the app's tracker, after the one before
 /// has ended: never two readers for one tenant, even when changes race.
-pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
+pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig, created_at_ms: i64) {
     let turn = tenant.source.lock().turn.clone();
     let _turn = turn.lock().await;
     let previous = {
@@ -437,7 +439,7 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig) {
         _ => None,
     };
     let reads = log_topic.as_ref().unwrap_or(&config);
-    let seed = reads.epoch_seed(&tenant.id, app.cluster.is_some());
+    let seed = reads.epoch_seed(&tenant.id, created_at_ms, app.cluster.is_some());
     if tenant.hub.seed() != seed {
         // Another position space. What the old source's window holds goes
         // out at its own positions first; then every channel starts over in

@@ -399,6 +399,8 @@ impl Reader {
             }
         };
         self.tenant.hub.reading_from(read.max(0) as u64, 1, fresh);
+        self.past_pruned(pool, &mut cursor, &key, &mut Vec::new())
+            .await?;
         let mut last_progress = Instant::now();
         let mut held_since: Option<Instant> = None;
         let mut recheck = HOLD_RECHECK;
@@ -422,7 +424,11 @@ impl Reader {
                 set_state(&self.tenant, &self.health, SourceState::Live, None);
             }
             let read = rows.len();
+            let mut rows = rows;
             if read > 0 {
+                self.past_pruned(pool, &mut cursor, &key, &mut rows).await?;
+            }
+            if !rows.is_empty() {
                 cursor = self.deliver(rows, cursor, &key).await?;
                 last_progress = Instant::now();
                 if read as u32 == self.batch {
@@ -483,6 +489,56 @@ impl Reader {
                 _ = tokio::time::sleep(wait) => {}
             }
         }
+    }
+
+    /// The log reader: rows that retention deleted past the cursor were never
+    /// read here (the node was down or behind for longer than the log keeps
+    /// rows). Checked after every batch read: a deletion that hid rows from
+    /// the read had committed its mark before it. The rows up to the mark are
+    /// a gap for every session (`Hub::skip_to`), the cursor moves past them,
+    /// and what `rows` holds up to the mark is dropped with them.
+    async fn past_pruned(
+        &self,
+        pool: &PgPool,
+        cursor: &mut Cursor,
+        key: &str,
+        rows: &mut Vec<OutboxRow>,
+    ) -> Result<(), OutboxError> {
+        if !matches!(self.origin, Origin::Log(_)) {
+            return Ok(());
+        }
+        let mark = self
+            .or_stop(async {
+                crate::cluster::log::pruned(pool, &self.tenant.id)
+                    .await
+                    .map_err(query_err)
+            })
+            .await?;
+        let Some((xid, id, max_id)) = mark else {
+            return Ok(());
+        };
+        let xid = parse_xid(&xid)?;
+        if (xid, id) <= (cursor.xid, cursor.id) {
+            return Ok(());
+        }
+        tracing::warn!(tenant = %self.tenant.id, from = cursor.id, to = id, "publish log rows were deleted by retention before this node read them; subscribers are told of the gap");
+        self.tenant.hub.skip_to(0, max_id.max(0) as u64);
+        rows.retain(|r| (r.xid, r.id) > (xid, id));
+        *cursor = Cursor {
+            xid,
+            id,
+            legacy: None,
+            read: Some(cursor.read.unwrap_or(0).max(max_id)),
+        };
+        self.store_cursor(key, cursor).await?;
+        {
+            let mut h = self.health.lock();
+            h.errors += 1;
+            h.last_error = Some(format!(
+                "publish log rows up to id {id} were deleted by retention before this node read them"
+            ));
+        }
+        Ok(())
     }
 
     /// Health and metrics from the backlog; lag that does not move is a stall.

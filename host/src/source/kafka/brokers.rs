@@ -108,7 +108,7 @@ fn resolve<C: Consumer<X>, X: ConsumerContext>(
     consumer: &C,
     plans: &[Plan],
     timeout: Duration,
-) -> Result<Vec<(Offset, i64)>, String> {
+) -> Result<(Vec<(Offset, i64)>, Vec<(String, i32, i64)>), String> {
     let ask = |p: &Plan| match p.start {
         StartAt::Offset(_) => None,
         StartAt::Latest => Some(Offset::End),
@@ -122,6 +122,7 @@ fn resolve<C: Consumer<X>, X: ConsumerContext>(
     let mut answers = offsets(consumer, &query, timeout)?.into_iter();
     // A time after every record of a partition: it starts at its latest offset.
     let mut after_all = Vec::new();
+    let mut skipped = Vec::new();
     let mut resolved = Vec::with_capacity(plans.len());
     for p in plans {
         let answer = if ask(p).is_some() {
@@ -130,7 +131,21 @@ fn resolve<C: Consumer<X>, X: ConsumerContext>(
             None
         };
         resolved.push(match (p.start, answer) {
-            (StartAt::Offset(o), _) => (Offset::Offset(o), o),
+            (StartAt::Offset(o), _) => {
+                // A stored position the brokers no longer hold (retention
+                // deleted the records after it) must not jump anywhere in
+                // silence: it starts at the earliest they hold, and the
+                // records between are reported (`Partitions::skipped`).
+                let (low, _) = consumer
+                    .fetch_watermarks(&p.topic, p.partition, timeout)
+                    .map_err(|e| format!("watermarks of {}: {e}", key(&p.topic, p.partition)))?;
+                if o < low {
+                    skipped.push((p.topic.clone(), p.partition, low));
+                    (Offset::Offset(low), low)
+                } else {
+                    (Offset::Offset(o), o)
+                }
+            }
             // Assigned as "beginning", not as today's earliest offset: if
             // retention removes records meanwhile, reading still starts.
             (StartAt::Beginning, Some(low)) => (Offset::Beginning, low),
@@ -150,7 +165,7 @@ fn resolve<C: Consumer<X>, X: ConsumerContext>(
             .ok_or("no latest offset for a partition")?;
         *r = (Offset::Offset(o), o);
     }
-    Ok(resolved)
+    Ok((resolved, skipped))
 }
 
 /// Assigns the partitions in `found` that are not assigned yet (each where
@@ -167,7 +182,7 @@ pub fn assign_new<C: Consumer<X>, X: ConsumerContext>(
     if plans.is_empty() {
         return Ok(0);
     }
-    let resolved = resolve(consumer, &plans, timeout)?;
+    let (resolved, skipped) = resolve(consumer, &plans, timeout)?;
     let mut tpl = TopicPartitionList::new();
     for (plan, (offset, _)) in plans.iter().zip(&resolved) {
         tpl.add_partition_offset(&plan.topic, plan.partition, *offset)
@@ -177,6 +192,9 @@ pub fn assign_new<C: Consumer<X>, X: ConsumerContext>(
         .incremental_assign(&tpl)
         .map_err(|e| format!("assigning partitions: {e}"))?;
     let mut p = partitions.lock();
+    for (topic, partition, earliest) in skipped {
+        p.skipped(&topic, partition, earliest);
+    }
     for (plan, (_, next)) in plans.iter().zip(&resolved) {
         p.assigned(&plan.topic, plan.partition, *next);
     }

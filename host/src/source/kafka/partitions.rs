@@ -45,6 +45,10 @@ pub struct Partitions {
     /// Partitions found from now on were added after this node first read
     /// its topics: true once positions were stored or anything was assigned.
     resumed: bool,
+    /// Partitions whose stored position had fallen out of the brokers'
+    /// retention: (topic, partition, the earliest offset they still hold).
+    /// The records between were never read here: the reader reports them.
+    skipped: Vec<(String, i32, i64)>,
 }
 
 impl Partitions {
@@ -54,6 +58,7 @@ impl Partitions {
             resumed: !stored.is_empty(),
             next: stored,
             assigned: BTreeSet::new(),
+            skipped: Vec::new(),
         }
     }
 
@@ -83,6 +88,17 @@ impl Partitions {
             }
         }
         plans
+    }
+
+    /// Records that `partition`'s stored position had fallen below what the
+    /// brokers still hold: it starts at `earliest` instead.
+    pub fn skipped(&mut self, topic: &str, partition: i32, earliest: i64) {
+        self.skipped.push((topic.to_string(), partition, earliest));
+    }
+
+    /// The skips recorded since the last call.
+    pub fn take_skipped(&mut self) -> Vec<(String, i32, i64)> {
+        std::mem::take(&mut self.skipped)
     }
 
     /// Records that `partition` was assigned and the offset it reads next. A

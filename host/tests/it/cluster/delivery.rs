@@ -289,3 +289,74 @@ async fn concurrent_batches_on_two_nodes_keep_one_epoch() {
     assert_eq!(f["op"], "pong", "no gap and no repeat after the move: {f}");
     reg.finish(n).await;
 }
+
+/// A node down for longer than the log keeps rows: when it comes back, the
+/// rows retention deleted meanwhile were never read there. A client that
+/// resumes on it is told they are a gap, then gets what comes next.
+#[tokio::test]
+async fn a_node_back_after_the_retention_reports_the_pruned_rows() {
+    let Some(reg) = Registry::new().await else {
+        return;
+    };
+    let retention = ["--cluster-log-retention-secs", "2"];
+    let a = reg.node_with("a", &retention).await;
+    let b = reg.node_with("b", &retention).await;
+    let key = create(&a, json!({"id":"cl-ret","access":"public"})).await;
+    within(PROPAGATION, "the tenant on b", || async {
+        b.ws("cl-ret", "").await.is_ok()
+    })
+    .await;
+    let mut ws = b.ws("cl-ret", "").await.unwrap();
+    let epoch = ws.sub("t", 1).await["epoch"].clone();
+    let (s, v) = a
+        .publish("cl-ret", &key, json!({"ch":"t","data":{"n":0}}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let seen = next_op(&mut ws, "msg", WAIT).await["seq"].as_u64().unwrap();
+    drop(ws);
+    let down = b.kill().await;
+    let mut missed = Vec::new();
+    for n in 1..=3 {
+        let (s, v) = a
+            .publish("cl-ret", &key, json!({"ch":"t","data":{"n":n}}))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        missed.push(v["seq"].as_u64().unwrap());
+    }
+    // Past the retention and a prune or two: the three rows are gone.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let b = Node::restart(down).await;
+    let mut ws = b.ws("cl-ret", "").await.unwrap();
+    ws.send(json!({"op":"sub","ch":"t","id":2,"since":seen,"epoch":epoch}))
+        .await;
+    assert_eq!(ws.next().await["op"], "ack");
+    let (s, v) = a
+        .publish("cl-ret", &key, json!({"ch":"t","data":{"n":4}}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let marker = v["seq"].as_u64().unwrap();
+    let mut gaps = Vec::new();
+    let mut got = Vec::new();
+    loop {
+        let f = ws.next().await;
+        match f["op"].as_str() {
+            Some("gap") => gaps.push((f["from"].as_u64().unwrap(), f["to"].as_u64().unwrap())),
+            Some("msg") => {
+                let s = f["seq"].as_u64().unwrap();
+                assert!(s > seen, "{f}");
+                got.push(s);
+                if s == marker {
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    for m in missed {
+        assert!(
+            got.contains(&m) || gaps.iter().any(|(a, b)| *a <= m && m <= *b),
+            "{m} neither sent nor reported: got {got:?}, gaps {gaps:?}"
+        );
+    }
+    reg.finish([a, b]).await;
+}
