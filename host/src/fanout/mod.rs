@@ -527,6 +527,15 @@ impl Channel {
         self.history.clear();
     }
 
+    /// Each subscriber's last position (`last_for` its audience), in the
+    /// subscribers' order.
+    fn subscriber_lasts(&self) -> Vec<u64> {
+        self.subscribers
+            .values()
+            .map(|s| self.last_for(s.handle.audience()))
+            .collect()
+    }
+
     /// The last position sessions of `audience` were sent.
     fn last_for(&self, audience: Option<&str>) -> u64 {
         match audience {
@@ -830,11 +839,7 @@ impl Hub {
             if several && !fed {
                 // Several streams and no sign of which feeds it: its
                 // sessions' next message settles it (`Pending`).
-                let lasts: Vec<u64> = c
-                    .subscribers
-                    .values()
-                    .map(|s| c.last_for(s.handle.audience()))
-                    .collect();
+                let lasts = c.subscriber_lasts();
                 for (s, last) in c.subscribers.values_mut().zip(lasts) {
                     if !s.pending.is_some() {
                         s.pending = PendingSlot::of(Pending {
@@ -846,11 +851,7 @@ impl Hub {
                 continue;
             }
             let name = c.name.clone();
-            let lasts: Vec<u64> = c
-                .subscribers
-                .values()
-                .map(|s| c.last_for(s.handle.audience()))
-                .collect();
+            let lasts = c.subscriber_lasts();
             for (s, last) in c.subscribers.values_mut().zip(lasts) {
                 let from = s.floor.max(last) + 1;
                 if k >= from {

@@ -99,8 +99,9 @@ pub struct OutQueue {
     /// first of them stood (behind that many control frames): the session is
     /// told them there as a `gap`, before anything else of that channel, so a
     /// drop on a channel that then stays quiet is seen too. At most one entry
-    /// per channel the session is subscribed to.
-    lost: Vec<Lost>,
+    /// per channel the session is subscribed to. Boxed: drops are rare, and
+    /// an idle session's queue is per-connection memory (one word here).
+    lost: Option<Box<Vec<Lost>>>,
 }
 
 impl OutQueue {
@@ -196,9 +197,10 @@ impl OutQueue {
                 self.bytes -= m.wire_bytes(wire).len();
                 // The oldest message queued: the oldest of its channel here,
                 // so a gap sent before the rest of the queue is in order.
-                match self.lost.iter_mut().find(|l| l.ch == m.ch) {
+                let lost = self.lost.get_or_insert_with(Default::default);
+                match lost.iter_mut().find(|l| l.ch == m.ch) {
                     Some(l) => l.to = m.seq,
-                    None => self.lost.push(Lost {
+                    None => lost.push(Lost {
                         ch: m.ch.clone(),
                         from: m.prev + 1,
                         to: m.seq,
@@ -220,8 +222,9 @@ impl OutQueue {
         self.bytes = 0;
         let mut items = std::mem::take(&mut self.items);
         // Latest position first, so the earlier ones stay where they were.
-        self.lost.sort_by_key(|l| std::cmp::Reverse(l.at));
-        for l in self.lost.drain(..) {
+        let mut lost = self.lost.take().map(|b| *b).unwrap_or_default();
+        lost.sort_by_key(|l| std::cmp::Reverse(l.at));
+        for l in lost {
             let json = crate::proto::encode_gap(&l.ch, l.from, l.to);
             let gap = Item::Ctrl(match wire {
                 Wire::Ws => {
@@ -230,9 +233,6 @@ impl OutQueue {
                 Wire::Sse => crate::proto::sse::encode_event("gap", &json),
             });
             items.insert(l.at.min(items.len()), gap);
-        }
-        if self.lost.capacity() > 0 {
-            self.lost = Vec::new();
         }
         items
     }

@@ -95,6 +95,44 @@ async fn read(h: &Host, tenant: &str, records: u64) {
     }
 }
 
+/// A client of `tenant` (reading the outbox `table`) that saw one row of
+/// `c`: its epoch, the position it saw, and its socket.
+async fn saw_one(h: &Host, pool: &PgPool, table: &str, tenant: &str) -> (Value, i64, Ws) {
+    let mut ws = h.ws(tenant).await;
+    let epoch = ws.sub("c", 1).await["epoch"].clone();
+    let first = seq(insert(pool, table, "c", 0).await);
+    let m = next_op(&mut ws, "msg", WAIT).await;
+    assert_eq!(m["seq"].as_i64(), Some(first));
+    (epoch, first, ws)
+}
+
+/// Three more rows of `c`, read by the tenant's reader: their positions.
+async fn three_more(h: &Host, pool: &PgPool, table: &str, tenant: &str) -> Vec<i64> {
+    let mut missed = Vec::new();
+    for n in 1..=3 {
+        missed.push(seq(insert(pool, table, "c", n).await));
+    }
+    read(h, tenant, 4).await;
+    missed
+}
+
+/// Resumes `c` on `ws` from `since`; then, up to a new row, checks that
+/// every position in `missed` was sent or reported.
+async fn resume_accounts_for(
+    ws: &mut Ws,
+    (pool, table): (&PgPool, &str),
+    (epoch, since): (&Value, i64),
+    missed: &[i64],
+) {
+    ws.send(json!({"op":"sub","ch":"c","id":9,"since":since,"epoch":epoch}))
+        .await;
+    let ack = ws.next().await;
+    assert_eq!(ack["op"], "ack", "{ack}");
+    let marker = seq(insert(pool, table, "c", 4).await);
+    let frames = frames_until(ws, marker).await;
+    assert_accounted(&frames, since, missed);
+}
+
 /// A client saw S and left; three rows came and were read; the node
 /// restarted (its history is gone, its reader resumes from its cursor past
 /// them). Resuming with S must not come back empty-handed and silent.
@@ -106,28 +144,13 @@ async fn a_resume_after_a_restart_reports_what_the_node_forgot() {
     h.public_tenant("rs-restart").await;
     assert_eq!(set_source(&h, "rs-restart", &url, &table).await.0, 200);
     wait_live(&h, "rs-restart").await;
-    let mut ws = h.ws("rs-restart").await;
-    let ack = ws.sub("c", 1).await;
-    let epoch = ack["epoch"].clone();
-    let first = insert(&pool, &table, "c", 0).await;
-    let m = next_op(&mut ws, "msg", WAIT).await;
-    assert_eq!(m["seq"].as_i64(), Some(seq(first)));
+    let (epoch, first, ws) = saw_one(&h, &pool, &table, "rs-restart").await;
     drop(ws);
-    let mut missed = Vec::new();
-    for n in 1..=3 {
-        missed.push(seq(insert(&pool, &table, "c", n).await));
-    }
-    read(&h, "rs-restart", 4).await;
+    let missed = three_more(&h, &pool, &table, "rs-restart").await;
     let h = h.restart().await;
     wait_live(&h, "rs-restart").await;
     let mut ws = h.ws("rs-restart").await;
-    ws.send(json!({"op":"sub","ch":"c","id":2,"since":seq(first),"epoch":epoch}))
-        .await;
-    let ack = ws.next().await;
-    assert_eq!(ack["op"], "ack", "{ack}");
-    let marker = seq(insert(&pool, &table, "c", 4).await);
-    let frames = frames_until(&mut ws, marker).await;
-    assert_accounted(&frames, seq(first), &missed);
+    resume_accounts_for(&mut ws, (&pool, &table), (&epoch, first), &missed).await;
     h.stop().await;
 }
 
@@ -143,32 +166,17 @@ async fn a_resume_on_a_forgotten_channel_reports_the_gap() {
         .await;
     assert_eq!(set_source(&h, "rs-forgot", &url, &table).await.0, 200);
     wait_live(&h, "rs-forgot").await;
-    let mut ws = h.ws("rs-forgot").await;
-    let ack = ws.sub("c", 1).await;
-    let epoch = ack["epoch"].clone();
-    let first = insert(&pool, &table, "c", 0).await;
-    let m = next_op(&mut ws, "msg", WAIT).await;
-    assert_eq!(m["seq"].as_i64(), Some(seq(first)));
+    let (epoch, first, mut ws) = saw_one(&h, &pool, &table, "rs-forgot").await;
     ws.send(json!({"op":"unsub","ch":"c","id":2})).await;
     assert_eq!(ws.next().await["op"], "ack");
-    let mut missed = Vec::new();
-    for n in 1..=3 {
-        missed.push(seq(insert(&pool, &table, "c", n).await));
-    }
-    read(&h, "rs-forgot", 4).await;
+    let missed = three_more(&h, &pool, &table, "rs-forgot").await;
     // Someone else looks in and leaves: the last unsubscribe drops the
     // channel (it keeps no history), and with it what it knew.
     let mut other = h.ws("rs-forgot").await;
     other.sub("c", 1).await;
     other.send(json!({"op":"unsub","ch":"c","id":2})).await;
     assert_eq!(other.next().await["op"], "ack");
-    ws.send(json!({"op":"sub","ch":"c","id":3,"since":seq(first),"epoch":epoch}))
-        .await;
-    let ack = ws.next().await;
-    assert_eq!(ack["op"], "ack", "{ack}");
-    let marker = seq(insert(&pool, &table, "c", 4).await);
-    let frames = frames_until(&mut ws, marker).await;
-    assert_accounted(&frames, seq(first), &missed);
+    resume_accounts_for(&mut ws, (&pool, &table), (&epoch, first), &missed).await;
     h.stop().await;
 }
 

@@ -434,16 +434,9 @@ fn run(streams: usize, ops: &[Op]) {
     w.settle();
 }
 
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256)
-}
-
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: cases(),
+        cases: super::cases(),
         failure_persistence: Some(Box::new(prop::test_runner::FileFailurePersistence::WithSource("regressions"))),
         ..ProptestConfig::default()
     })]
