@@ -90,6 +90,10 @@ struct Lost {
     at: usize,
 }
 
+/// The channels whose messages were dropped since the last take.
+#[derive(Debug, Default)]
+struct Drops(Vec<Lost>);
+
 #[derive(Debug, Default)]
 pub struct OutQueue {
     items: VecDeque<Item>,
@@ -101,7 +105,7 @@ pub struct OutQueue {
     /// drop on a channel that then stays quiet is seen too. At most one entry
     /// per channel the session is subscribed to. Boxed: drops are rare, and
     /// an idle session's queue is per-connection memory (one word here).
-    lost: Option<Box<Vec<Lost>>>,
+    lost: Option<Box<Drops>>,
 }
 
 impl OutQueue {
@@ -197,7 +201,7 @@ impl OutQueue {
                 self.bytes -= m.wire_bytes(wire).len();
                 // The oldest message queued: the oldest of its channel here,
                 // so a gap sent before the rest of the queue is in order.
-                let lost = self.lost.get_or_insert_with(Default::default);
+                let lost = &mut self.lost.get_or_insert_with(Default::default).0;
                 match lost.iter_mut().find(|l| l.ch == m.ch) {
                     Some(l) => l.to = m.seq,
                     None => lost.push(Lost {
@@ -222,7 +226,7 @@ impl OutQueue {
         self.bytes = 0;
         let mut items = std::mem::take(&mut self.items);
         // Latest position first, so the earlier ones stay where they were.
-        let mut lost = self.lost.take().map(|b| *b).unwrap_or_default();
+        let mut lost = self.lost.take().map(|b| b.0).unwrap_or_default();
         lost.sort_by_key(|l| std::cmp::Reverse(l.at));
         for l in lost {
             let json = crate::proto::encode_gap(&l.ch, l.from, l.to);

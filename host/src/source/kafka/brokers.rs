@@ -104,11 +104,19 @@ pub fn latest<C: Consumer<X>, X: ConsumerContext>(
 
 /// Where each planned partition starts: the offset to assign, and the next
 /// offset to count its lag from.
+/// A partition whose stored position fell below the brokers' earliest:
+/// (topic, partition, that earliest offset).
+type Skipped = (String, i32, i64);
+
+/// Where each plan starts (the offset to assign, the next to deliver), and
+/// the partitions that skipped records.
+type Resolved = (Vec<(Offset, i64)>, Vec<Skipped>);
+
 fn resolve<C: Consumer<X>, X: ConsumerContext>(
     consumer: &C,
     plans: &[Plan],
     timeout: Duration,
-) -> Result<(Vec<(Offset, i64)>, Vec<(String, i32, i64)>), String> {
+) -> Result<Resolved, String> {
     let ask = |p: &Plan| match p.start {
         StartAt::Offset(_) => None,
         StartAt::Latest => Some(Offset::End),
