@@ -1141,9 +1141,25 @@ impl Hub {
                 session.deliver_ctrl("gap", &proto::encode_gap(&c.name, since + 1, missing));
                 result.gap = Some((since + 1, missing));
             }
+            let mut last = floor;
             for f in frames.iter().filter(|f| f.seq > floor) {
+                // A hole inside history (what this node could not read,
+                // `skip_to`, between two messages it holds) is said, not
+                // left for the client to notice by `prev`.
+                if f.prev > last {
+                    session.deliver_ctrl("gap", &proto::encode_gap(&c.name, last + 1, f.prev));
+                }
                 session.deliver_msg(f);
                 result.replayed += 1;
+                last = f.seq;
+            }
+            // History ends below the channel's last position for the
+            // session: what this node could not read (`skip_to`) lies between.
+            if head > last {
+                session.deliver_ctrl("gap", &proto::encode_gap(&c.name, last + 1, head));
+                if c.shared_epoch {
+                    sub.floor = sub.floor.max(head);
+                }
             }
         } else {
             if c.shared_epoch && known.is_none() {

@@ -2,8 +2,9 @@
 //! (one or two streams, sparse numbers), several nodes reading it at their
 //! own pace, each with its own hub, a stored cursor, restarts (graceful, or
 //! a crash past the stored cursor), sweeps and history expiry, tombs
-//! forgotten, clients that leave and resume on any node, and a slow client
-//! whose small queue drops the oldest messages.
+//! forgotten, retention deleting records some node had not read yet,
+//! clients that leave and resume on any node, and a slow client whose small
+//! queue drops the oldest messages.
 //!
 //! Oracle, the promise itself (with several streams, once each channel has
 //! had one more message: see `World::settle`): from the record its node had not read when a
@@ -27,9 +28,10 @@ const SEED: u64 = 0x5eed;
 const NODES: usize = 3;
 const CLIENTS: usize = 5;
 const CHANNELS: [&str; 3] = ["c0", "c1", "c2"];
-/// The slow client: a queue of about three messages, the oldest dropped.
+/// The slow client: a queue of about seven messages, the oldest dropped (a
+/// resume's replay, three messages and their gaps, fits in it).
 const SLOW: usize = 4;
-const SLOW_QUEUE: usize = 200;
+const SLOW_QUEUE: usize = 400;
 const HISTORY: HistoryLimits = HistoryLimits {
     max_messages: 3,
     max_age_ms: 250,
@@ -79,6 +81,12 @@ enum Op {
     Drain {
         client: usize,
     },
+    /// The source's retention deletes all but the last `keep` records: a
+    /// node that had not read them never will (the shared log's prune, a
+    /// Kafka position out of range).
+    Prune {
+        keep: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -93,6 +101,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..CLIENTS, 0..NODES).prop_map(|(client, node)| Op::Connect { client, node }),
         3 => (0..CLIENTS).prop_map(|client| Op::Disconnect { client }),
         2 => Just(Op::Drain { client: SLOW }),
+        1 => (0..6usize).prop_map(|keep| Op::Prune { keep }),
     ]
 }
 
@@ -157,6 +166,8 @@ struct World {
     nodes: Vec<Node>,
     clients: Vec<Client>,
     now: u64,
+    /// Records below this index were deleted by retention.
+    pruned: usize,
 }
 
 fn hub(streams: usize, stored_read: u64) -> Hub {
@@ -193,6 +204,7 @@ impl World {
                 })
                 .collect(),
             now: 0,
+            pruned: 0,
         }
     }
 
@@ -213,6 +225,22 @@ impl World {
     }
 
     fn read_on(&mut self, node: usize, n: usize) {
+        // Records deleted before this node read them: reported, skipped.
+        if self.nodes[node].pos < self.pruned {
+            let lost = &self.log[self.nodes[node].pos..self.pruned];
+            for stream in 0..2u32 {
+                if let Some(top) = lost
+                    .iter()
+                    .filter(|r| r.stream == stream)
+                    .map(|r| r.number)
+                    .max()
+                {
+                    self.nodes[node].hub.skip_to(stream, top);
+                    self.nodes[node].read = self.nodes[node].read.max(top);
+                }
+            }
+            self.nodes[node].pos = self.pruned;
+        }
         let end = self.nodes[node].pos.saturating_add(n).min(self.log.len());
         for i in self.nodes[node].pos..end {
             let r = self.log[i];
@@ -362,6 +390,11 @@ impl World {
                 }
             }
         }
+        // The server closed it (a slow reader's control frames overflowed
+        // its queue): the client is disconnected and resumes later.
+        if h.close_reason().is_some() {
+            c.node = None;
+        }
     }
 
     /// Everyone catches up; every client resumes; then the promise. With
@@ -387,6 +420,14 @@ impl World {
         }
         self.check_all();
         self.check(SLOW);
+        // A client the server closed meanwhile (its queue overflowed with
+        // control frames) comes back and resumes.
+        for c in 0..CLIENTS {
+            if self.clients[c].node.is_none() && self.clients[c].epoch.is_some() {
+                self.connect(c, c % NODES);
+                self.check(c);
+            }
+        }
         for (i, c) in self.clients.iter().enumerate() {
             let Some(start) = c.start else { continue };
             for r in &self.log[start..] {
@@ -429,6 +470,7 @@ fn run(streams: usize, ops: &[Op]) {
             Op::Connect { client, node } => w.connect(client, node),
             Op::Disconnect { client } => w.disconnect(client),
             Op::Drain { client } => w.check(client),
+            Op::Prune { keep } => w.pruned = w.pruned.max(w.log.len().saturating_sub(keep)),
         }
     }
     w.settle();
