@@ -633,3 +633,61 @@ fn a_subscription_made_while_starting_learns_what_the_start_skipped() {
         assert_eq!(gaps(&resumed), [(4001, 9999)], "skipped: {skipped}");
     }
 }
+
+/// A channel of the source's shared epoch that rebases (a record behind it
+/// from another stream) takes an epoch derived from where it happened and
+/// tells its subscribers before the rebased message; the same state on
+/// another node gives the same epoch.
+#[test]
+fn a_rebase_is_announced_with_a_derived_epoch() {
+    let rebased = |hub: &Hub, s: &Arc<SessionHandle>| {
+        hub.subscribe("a", s, None, LIMITS, 0, |_, _| {});
+        for (stream, n) in [(0, 5), (1, 2)] {
+            hub.read_to(stream, n);
+            hub.publish_at(&msg("a", at(stream, n, 0), &ONE), &[], LIMITS, 0)
+                .unwrap();
+        }
+    };
+    let (one, two) = (sourced(0), sourced(0));
+    let (s, t) = (session(), session());
+    rebased(&one, &s);
+    rebased(&two, &t);
+    let items = s.take_queued();
+    let acks: Vec<serde_json::Value> = items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Ctrl(b) => Some(serde_json::from_slice(&b[2..]).unwrap()),
+            Item::Msg(_) => None,
+        })
+        .collect();
+    assert_eq!(acks.len(), 1, "{acks:?}");
+    assert_eq!(acks[0]["op"], "ack");
+    assert!(acks[0]["id"].is_null());
+    let epoch = acks[0]["epoch"].as_u64().unwrap();
+    assert_ne!(epoch, shared_epoch(42, "a"));
+    // The ack comes before the rebased message, which carries the new epoch.
+    assert!(matches!(&items[1], Item::Ctrl(_)));
+    assert!(matches!(&items[2], Item::Msg(m) if m.epoch == epoch && m.seq == 5_001));
+    assert_eq!(
+        ctrls(&t)[0]["epoch"].as_u64(),
+        Some(epoch),
+        "the same on both nodes"
+    );
+}
+
+/// An edit that keeps the source's identity (the same seed) changes nothing:
+/// a record published before is still a duplicate, history and epoch stand.
+#[test]
+fn the_same_source_again_keeps_positions_and_marks() {
+    let hub = sourced(0);
+    hub.read_to(0, 3);
+    hub.publish_at(&msg("a", at(0, 3, 0), &ONE), &[], LIMITS, 0)
+        .unwrap();
+    hub.new_source(Some(42));
+    assert_eq!(
+        hub.publish_at(&msg("a", at(0, 3, 0), &ONE), &[], LIMITS, 0),
+        Err(Duplicate)
+    );
+    let view = hub.history("a", 0, 10, LIMITS, 0).unwrap();
+    assert_eq!((view.epoch, view.head), (shared_epoch(42, "a"), 3_000));
+}

@@ -102,14 +102,14 @@ async fn admin_changes_reach_every_node() {
 }
 
 /// A loopback proxy to the registry that the test can cut and restore.
-struct Cut {
-    addr: SocketAddr,
+pub(super) struct Cut {
+    pub(super) addr: SocketAddr,
     open: Arc<AtomicBool>,
     conns: Arc<parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 impl Cut {
-    async fn new(target: SocketAddr) -> Cut {
+    pub(super) async fn new(target: SocketAddr) -> Cut {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let open = Arc::new(AtomicBool::new(true));
@@ -130,14 +130,14 @@ impl Cut {
         Cut { addr, open, conns }
     }
 
-    fn cut(&self) {
+    pub(super) fn cut(&self) {
         self.open.store(false, Ordering::SeqCst);
         for c in self.conns.lock().drain(..) {
             c.abort();
         }
     }
 
-    fn restore(&self) {
+    pub(super) fn restore(&self) {
         self.open.store(true, Ordering::SeqCst);
     }
 }

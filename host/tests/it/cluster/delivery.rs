@@ -360,3 +360,76 @@ async fn a_node_back_after_the_retention_reports_the_pruned_rows() {
     }
     reg.finish([a, b]).await;
 }
+
+/// A node behind the client (its registry connection cut, so its log reader
+/// has not read what the client saw on another node): the client that moves
+/// there is sent nothing twice and no false gap, and once the node catches
+/// up, only what came after.
+#[tokio::test]
+async fn a_node_behind_the_client_sends_only_what_comes_after() {
+    let Some(reg) = Registry::new().await else {
+        return;
+    };
+    let target: SocketAddr = {
+        let rest = reg.url.split_once('@').unwrap().1;
+        let hostport = rest.split_once('/').unwrap().0;
+        tokio::net::lookup_host(hostport)
+            .await
+            .unwrap()
+            .next()
+            .unwrap()
+    };
+    let proxy = super::admin::Cut::new(target).await;
+    let via_proxy = {
+        let (scheme_user, rest) = reg.url.split_once('@').unwrap();
+        let path = rest.split_once('/').unwrap().1;
+        format!("{scheme_user}@{}/{path}", proxy.addr)
+    };
+    let a = reg.node("a").await;
+    let b = reg.node_via("b", &via_proxy, &[]).await;
+    let key = create(&a, json!({"id":"cl-behind","access":"public"})).await;
+    within(PROPAGATION, "the tenant on b", || async {
+        b.ws("cl-behind", "").await.is_ok()
+    })
+    .await;
+    let mut on_a = a.ws("cl-behind", "").await.unwrap();
+    let epoch = on_a.sub("t", 1).await["epoch"].clone();
+    proxy.cut();
+    let mut last = 0;
+    for n in 0..3 {
+        let (s, v) = a
+            .publish("cl-behind", &key, json!({"ch":"t","data":{"n":n}}))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        last = next_op(&mut on_a, "msg", WAIT).await["seq"]
+            .as_u64()
+            .unwrap();
+    }
+    // B has read none of them: the client moves there with A's position.
+    let mut on_b = b.ws("cl-behind", "").await.unwrap();
+    on_b.send(json!({"op":"sub","ch":"t","id":2,"since":last,"epoch":epoch}))
+        .await;
+    let ack = next_op(&mut on_b, "ack", WAIT).await;
+    assert_eq!(
+        (&ack["epoch"], ack["seq"].as_u64()),
+        (&epoch, Some(last)),
+        "{ack}"
+    );
+    let (s, v) = a
+        .publish("cl-behind", &key, json!({"ch":"t","data":{"n":3}}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let after = v["seq"].as_u64().unwrap();
+    proxy.restore();
+    // B catches up: the three it read late are the client's already.
+    loop {
+        let f = on_b.next().await;
+        assert_ne!(f["op"], "gap", "no false gap: {f}");
+        if f["op"] == "msg" {
+            assert_eq!(f["seq"].as_u64(), Some(after), "only what came after: {f}");
+            assert_eq!(f["data"]["n"], 3);
+            break;
+        }
+    }
+    reg.finish([a, b]).await;
+}
