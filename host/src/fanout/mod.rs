@@ -3,8 +3,16 @@
 //! Owns: `seq`/`prev` assignment (the position model: ARCHITECTURE.md,
 //! "Positions"), the per-stream marks that recognise a source record
 //! published before, the bounded history per channel (count and age) used
-//! for resume, the channel epoch, and the subscriber sets.
-//! Invariants: a message is encoded once per wire format (and once per
+//! for resume, the channel epoch, the subscriber sets, and what the resume
+//! protocol needs to know: how far this node's reader has read (`start`,
+//! `read`, `Hub::skip_to`), where each channel's knowledge starts
+//! (`known_from`), what swept channels leave behind (tombs), and each
+//! session's floor and pending resume.
+//! Invariants: a resume is answered by the protocol of ARCHITECTURE.md,
+//! "Positions": nothing at or below a session's floor is sent to it, and
+//! whatever this node cannot account for after `since` is a `gap` before
+//! anything after it; an epoch change reaches live subscribers as an `ack`
+//! without an id; a message is encoded once per wire format (and once per
 //! distinct `prev` among audiences) and shared by every subscriber
 //! (`Arc<Published>`); `seq` only increases within an epoch; a message is
 //! dropped as a duplicate only when its own source position (stream, order,
@@ -14,8 +22,11 @@
 //! a position with all its variants together; subscribing replays history
 //! and joins the live set under one channel lock, so no message is missed or
 //! duplicated between the two; a channel is swept only while nobody else
-//! holds it, so a subscriber never joins a dead channel. Publishing never
-//! waits on a socket: it only pushes into bounded session queues.
+//! holds it, so a subscriber never joins a dead channel, and leaves a tomb
+//! (bounded per hub) so its next use continues its positions. Publishing
+//! never waits on a socket: it only pushes into bounded session queues.
+//! Never: lets the read horizon fall below what was read (too high is a gap
+//! reported too eagerly; too low would be one missed).
 
 pub mod conflate;
 pub mod deliver;
