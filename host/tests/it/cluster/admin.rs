@@ -151,21 +151,7 @@ async fn a_cut_registry_connection_reconciles() {
         return;
     };
     let b = reg.node("b").await;
-    let target: SocketAddr = {
-        let rest = reg.url.split_once('@').unwrap().1;
-        let hostport = rest.split_once('/').unwrap().0;
-        tokio::net::lookup_host(hostport)
-            .await
-            .unwrap()
-            .next()
-            .unwrap()
-    };
-    let proxy = Cut::new(target).await;
-    let via_proxy = {
-        let (scheme_user, rest) = reg.url.split_once('@').unwrap();
-        let path = rest.split_once('/').unwrap().1;
-        format!("{scheme_user}@{}/{path}", proxy.addr)
-    };
+    let (proxy, via_proxy) = reg.cut_proxy().await;
     let a = reg.node_via("a", &via_proxy, &[]).await;
     let gone_key = create(&b, json!({"id":"cl-gone","access":"public"})).await;
     let kept_key = create(&b, json!({"id":"cl-kept","access":"public"})).await;

@@ -301,11 +301,7 @@ async fn a_node_back_after_the_retention_reports_the_pruned_rows() {
     let retention = ["--cluster-log-retention-secs", "2"];
     let a = reg.node_with("a", &retention).await;
     let b = reg.node_with("b", &retention).await;
-    let key = create(&a, json!({"id":"cl-ret","access":"public"})).await;
-    within(PROPAGATION, "the tenant on b", || async {
-        b.ws("cl-ret", "").await.is_ok()
-    })
-    .await;
+    let key = served_by_both(&a, &b, "cl-ret").await;
     let mut ws = b.ws("cl-ret", "").await.unwrap();
     let epoch = ws.sub("t", 1).await["epoch"].clone();
     let (s, v) = a
@@ -370,28 +366,10 @@ async fn a_node_behind_the_client_sends_only_what_comes_after() {
     let Some(reg) = Registry::new().await else {
         return;
     };
-    let target: SocketAddr = {
-        let rest = reg.url.split_once('@').unwrap().1;
-        let hostport = rest.split_once('/').unwrap().0;
-        tokio::net::lookup_host(hostport)
-            .await
-            .unwrap()
-            .next()
-            .unwrap()
-    };
-    let proxy = super::admin::Cut::new(target).await;
-    let via_proxy = {
-        let (scheme_user, rest) = reg.url.split_once('@').unwrap();
-        let path = rest.split_once('/').unwrap().1;
-        format!("{scheme_user}@{}/{path}", proxy.addr)
-    };
+    let (proxy, via_proxy) = reg.cut_proxy().await;
     let a = reg.node("a").await;
     let b = reg.node_via("b", &via_proxy, &[]).await;
-    let key = create(&a, json!({"id":"cl-behind","access":"public"})).await;
-    within(PROPAGATION, "the tenant on b", || async {
-        b.ws("cl-behind", "").await.is_ok()
-    })
-    .await;
+    let key = served_by_both(&a, &b, "cl-behind").await;
     let mut on_a = a.ws("cl-behind", "").await.unwrap();
     let epoch = on_a.sub("t", 1).await["epoch"].clone();
     proxy.cut();
@@ -432,4 +410,14 @@ async fn a_node_behind_the_client_sends_only_what_comes_after() {
         }
     }
     reg.finish([a, b]).await;
+}
+
+/// A public tenant made through `a`, once `b` serves it too; its key.
+async fn served_by_both(a: &Node, b: &Node, id: &str) -> String {
+    let key = create(a, json!({"id":id,"access":"public"})).await;
+    within(PROPAGATION, "the tenant on b", || async {
+        b.ws(id, "").await.is_ok()
+    })
+    .await;
+    key
 }

@@ -86,6 +86,25 @@ impl Registry {
         Node::start(&self.dir.path().join(id), &args).await
     }
 
+    /// A proxy to the registry the test can cut and restore, and the
+    /// registry's URL through it.
+    async fn cut_proxy(&self) -> (admin::Cut, String) {
+        let target: SocketAddr = {
+            let rest = self.url.split_once('@').unwrap().1;
+            let hostport = rest.split_once('/').unwrap().0;
+            tokio::net::lookup_host(hostport)
+                .await
+                .unwrap()
+                .next()
+                .unwrap()
+        };
+        let proxy = admin::Cut::new(target).await;
+        let (scheme_user, rest) = self.url.split_once('@').unwrap();
+        let path = rest.split_once('/').unwrap().1;
+        let via = format!("{scheme_user}@{}/{path}", proxy.addr);
+        (proxy, via)
+    }
+
     async fn nodes(&self, ids: &[&str]) -> Vec<Node> {
         let mut out = Vec::new();
         for id in ids {
