@@ -1,5 +1,6 @@
 //! Unit tests of the hub: positions, marks, audiences, history, resume, sweeps.
 
+use super::channel::{shared_epoch, TRACKED_AUDIENCES};
 use super::*;
 use crate::fanout::queue::{Item, SlowConsumer};
 
