@@ -79,7 +79,9 @@ pub async fn publish(app: Arc<App>, every: Duration) {
             })
             .collect();
         let body = serde_json::Value::Array(items).to_string();
-        if let Err(e) = crate::api::publish::publish_body(&app, &tenant, body.as_bytes()).await {
+        if let Err(e) =
+            crate::api::publish::publish_body(&app, &tenant, body.as_bytes(), None).await
+        {
             tracing::debug!(error = %e, "demo publisher: tick not published");
         }
     }

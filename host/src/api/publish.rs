@@ -194,12 +194,13 @@ pub fn read_items(
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[utoipa::path(post, path = "/v1/t/{tenant}/publish", tag = "publish", security(("publishKey" = [])),
-    params(("tenant" = String, Path, description = "tenant id")),
+    params(("tenant" = String, Path, description = "tenant id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "cluster mode (the registry's log): a batch published again under the same key within the log's retention is answered as the first and logged once")),
     request_body = super::doc::PublishBody,
     responses((status = 200, description = "published (or held in the conflation window); one result per item", body = super::doc::PublishAnswer),
         (status = 400, description = "bad body; nothing was published", body = super::doc::ErrorBody),
         (status = 401, description = "unknown tenant or wrong publish key", body = super::doc::ErrorBody),
-        (status = 409, description = "the tenant reads from another source", body = super::doc::ErrorBody),
+        (status = 409, description = "the tenant reads from another source, or the Idempotency-Key named a batch of another length", body = super::doc::ErrorBody),
         (status = 429, description = "rate limited (Retry-After)", body = super::doc::ErrorBody),
         (status = 502, description = "the tenant's transform failed; the batch was dead-lettered", body = super::doc::ErrorBody),
         (status = 503, description = "plugin loading or busy, or the log/topic did not confirm (Retry-After)", body = super::doc::ErrorBody)))]
@@ -235,7 +236,23 @@ pub(super) async fn publish(
         }
         Err(_) => return Err(ApiError::BodyTimeout(BODY_TIMEOUT)),
     };
-    publish_body(&app, &tenant, &body).await
+    let key = idempotency_key(&parts.headers)?;
+    publish_body(&app, &tenant, &body, key.as_deref()).await
+}
+
+/// The `Idempotency-Key` header: 1 to 128 visible ASCII characters.
+fn idempotency_key(headers: &axum::http::HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    match v.to_str() {
+        Ok(k) if (1..=128).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic()) => {
+            Ok(Some(k.to_string()))
+        }
+        _ => Err(ApiError::BadRequest(
+            "Idempotency-Key: 1 to 128 visible ASCII characters".into(),
+        )),
+    }
 }
 
 /// Publishes a body whose key was accepted: the one path of HTTP publish
@@ -244,6 +261,7 @@ pub(crate) async fn publish_body(
     app: &App,
     tenant: &Arc<Tenant>,
     body: &[u8],
+    key: Option<&str>,
 ) -> Result<Response, ApiError> {
     if let Some(version) = tenant.plugin_unavailable() {
         if tenant.plugin_loading() {
@@ -280,7 +298,7 @@ pub(crate) async fn publish_body(
         return produced(&kafka, tenant, &items, batch).await;
     }
     if let Some(cluster) = &app.cluster {
-        return logged(cluster, tenant, &items, batch).await;
+        return logged(cluster, tenant, &items, batch, key).await;
     }
     let now = now_ms() as u64;
     // The publisher is heard: a source stalled by its silence is live
@@ -372,10 +390,14 @@ async fn logged(
     tenant: &Tenant,
     items: &[PublishItem],
     batch: bool,
+    key: Option<&str>,
 ) -> Result<Response, ApiError> {
-    let ids = log::append(cluster, &tenant.id, &outgoing(items))
+    let ids = log::append(cluster, &tenant.id, &outgoing(items), key)
         .await
-        .map_err(|e| ApiError::SourceUnavailable("publish log", e.to_string()))?;
+        .map_err(|e| match e {
+            log::AppendError::KeyReused(_) => ApiError::Conflict(e.to_string()),
+            log::AppendError::Db(e) => ApiError::SourceUnavailable("publish log", e.to_string()),
+        })?;
     let placed = ids.iter().map(|&id| {
         (
             id as u64,

@@ -22,18 +22,58 @@ pub const TABLE: &str = "herald_publish_log";
 /// The first key of the advisory lock a tenant's appends take ("HLOG").
 const LOG_LOCK: i32 = 0x484c_4f47;
 
+/// Why a batch was not appended.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    #[error("{0}")]
+    Db(#[from] sqlx::Error),
+    /// The idempotency key names a batch of another length.
+    #[error("this Idempotency-Key was used for a batch of {0} messages")]
+    KeyReused(usize),
+}
+
 /// Writes a batch in one transaction and announces it; returns each entry's
-/// id, in order.
+/// id, in order. With an idempotency `key` that a batch of this tenant was
+/// appended under before (within the log's retention), nothing is written:
+/// the ids of that batch are returned, so a retry after a lost answer logs
+/// nothing twice.
 pub async fn append(
     cluster: &Cluster,
     tenant: &str,
     entries: &[Outgoing<'_>],
-) -> Result<Vec<i64>, sqlx::Error> {
+    key: Option<&str>,
+) -> Result<Vec<i64>, AppendError> {
     // "" for none: the reader gives a record without a channel.
     let channels: Vec<&str> = entries.iter().map(|e| e.channel.unwrap_or("")).collect();
     let keys: Vec<Option<&str>> = entries.iter().map(|e| e.key).collect();
     let payloads: Vec<&[u8]> = entries.iter().map(|e| e.payload).collect();
     let mut tx = cluster.pool.begin().await?;
+    if let Some(key) = key {
+        // The first to claim the key writes; a concurrent claim waits for
+        // it to commit (the primary key), then reads what it wrote.
+        let claimed: Option<i32> = sqlx::query_scalar(
+            "INSERT INTO herald_publish_keys (tenant_id, key) VALUES ($1, $2) \
+             ON CONFLICT DO NOTHING RETURNING 1",
+        )
+        .bind(tenant)
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if claimed.is_none() {
+            let ids: Option<Vec<i64>> = sqlx::query_scalar(
+                "SELECT ids FROM herald_publish_keys WHERE tenant_id = $1 AND key = $2",
+            )
+            .bind(tenant)
+            .bind(key)
+            .fetch_one(&mut *tx)
+            .await?;
+            let ids = ids.unwrap_or_default();
+            if ids.len() != entries.len() {
+                return Err(AppendError::KeyReused(ids.len()));
+            }
+            return Ok(ids);
+        }
+    }
     // One tenant's appends one at a time, until commit: its ids are then in
     // commit (and xid) order, which is the order every reader reads in, so
     // concurrent publishers never make a channel rebase (ARCHITECTURE.md,
@@ -54,13 +94,21 @@ pub async fn append(
     .bind(LOG_LOCK)
     .fetch_all(&mut *tx)
     .await?;
+    ids.sort_unstable();
+    if let Some(key) = key {
+        sqlx::query("UPDATE herald_publish_keys SET ids = $3 WHERE tenant_id = $1 AND key = $2")
+            .bind(tenant)
+            .bind(key)
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?;
+    }
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(PUBLISH_CHANNEL)
         .bind(tenant)
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
-    ids.sort_unstable();
     Ok(ids)
 }
 
@@ -102,6 +150,16 @@ pub(super) async fn prune(app: Arc<App>, cluster: Arc<Cluster>) {
             }
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "publish log not pruned"),
+        }
+        // Idempotency keys live as long as the rows they name.
+        let r = sqlx::query(
+            "DELETE FROM herald_publish_keys WHERE created_at < now() - make_interval(secs => $1)",
+        )
+        .bind(keep)
+        .execute(&cluster.pool)
+        .await;
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "publish keys not pruned");
         }
     }
 }

@@ -247,7 +247,11 @@ impl Registry {
             .await?;
         if matches!(self.backend, Backend::Postgres) {
             // The shared log of cluster mode (Postgres only).
-            for table in ["herald_publish_log", "herald_publish_log_pruned"] {
+            for table in [
+                "herald_publish_log",
+                "herald_publish_log_pruned",
+                "herald_publish_keys",
+            ] {
                 sqlx::query(&format!("DELETE FROM {table} WHERE tenant_id = $1"))
                     .bind(id)
                     .execute(&mut *tx)

@@ -421,3 +421,57 @@ async fn served_by_both(a: &Node, b: &Node, id: &str) -> String {
     .await;
     key
 }
+
+/// A batch published again under its `Idempotency-Key` (a retry after the
+/// answer was lost) is answered with the same positions and logged once:
+/// subscribers get each message once. The key for a batch of another length
+/// is refused.
+#[tokio::test]
+async fn a_retried_batch_with_its_key_is_logged_once() {
+    let Some(reg) = Registry::new().await else {
+        return;
+    };
+    let a = reg.node("a").await;
+    let key = create(&a, json!({"id":"cl-idem","access":"public"})).await;
+    let mut ws = a.ws("cl-idem", "").await.unwrap();
+    ws.sub("t", 1).await;
+    let batch = json!([{"ch":"t","data":{"n":1}},{"ch":"t","data":{"n":2}}]);
+    let post = |body: Value, idem: &'static str| {
+        let (http, url, key) = (a.http.clone(), a.url("/v1/t/cl-idem/publish"), key.clone());
+        async move {
+            let r = http
+                .post(url)
+                .bearer_auth(key)
+                .header("Idempotency-Key", idem)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (s, first) = post(batch.clone(), "order-17").await;
+    assert_eq!(s, 200, "{first}");
+    let (s, again) = post(batch.clone(), "order-17").await;
+    assert_eq!(s, 200, "{again}");
+    let seqs = |v: &Value| -> Vec<u64> {
+        v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["seq"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(seqs(&first), seqs(&again), "the same answer");
+    let (s, v) = post(json!([{"ch":"t","data":{"n":3}}]), "order-17").await;
+    assert_eq!(s, 409, "{v}");
+    let (s, v) = post(json!({"ch":"t","data":{"n":3}}), "order-18").await;
+    assert_eq!(s, 200, "{v}");
+    let got = msgs(&mut ws, 3).await;
+    let ns: Vec<u64> = got
+        .iter()
+        .map(|m| m["data"]["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ns, [1, 2, 3], "each message once");
+    reg.finish([a]).await;
+}
