@@ -600,3 +600,50 @@ async fn http_publish_into_several_partitions_keeps_a_channel_in_one() {
     assert_eq!(v["health"]["rebased"], 0, "{v}");
     h.stop().await;
 }
+
+/// Adding a topic keeps the positions this node stored for the others
+/// (they are kept per Kafka cluster, not per topic list): nothing read
+/// before is read again.
+#[tokio::test]
+async fn adding_a_topic_keeps_the_other_topics_positions() {
+    let cluster = MockCluster::new(1).unwrap();
+    for t in ["pos-ka", "pos-kb"] {
+        cluster.create_topic(t, 1, 1).unwrap();
+    }
+    let brokers = cluster.bootstrap_servers();
+    let producer = test_producer(&brokers);
+    let h = spawn_host().await;
+    h.public_tenant("pos-addtopic").await;
+    let set = |topics: Value| {
+        let body = json!({"kind":"kafka","brokers":brokers,"topics":topics,"start":"earliest"});
+        let h = &h;
+        async move {
+            let (s, v) = h
+                .admin(
+                    Method::PUT,
+                    "/admin/v1/tenants/pos-addtopic/source",
+                    Some(body),
+                )
+                .await;
+            assert_eq!(s, 200, "{v}");
+            wait_live(h, "pos-addtopic").await;
+        }
+    };
+    set(json!(["pos-ka"])).await;
+    let mut ws = h.ws("pos-addtopic").await;
+    ws.sub("c", 1).await;
+    for n in 0..2 {
+        produce(&producer, "pos-ka", "c", n).await;
+    }
+    assert_eq!(msgs(&mut ws, 2).await.len(), 2);
+    // Positions are stored at most every 200 ms.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    produce(&producer, "pos-ka", "c", 2).await;
+    assert_eq!(msgs(&mut ws, 1).await[0]["data"]["n"], 2);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    set(json!(["pos-ka", "pos-kb"])).await;
+    produce(&producer, "pos-ka", "c", 3).await;
+    let next = msgs(&mut ws, 1).await;
+    assert_eq!(next[0]["data"]["n"], 3, "nothing read again: {next:?}");
+    h.stop().await;
+}

@@ -276,3 +276,39 @@ async fn an_sse_id_for_other_channels_is_a_gap_not_silence() {
     );
     h.stop().await;
 }
+
+/// A tenant deleted and made again under the same id, on the same outbox, is
+/// another position space: its channels have another epoch, and its reader
+/// starts afresh (the old incarnation's cursor went with it), so rows written
+/// while the tenant did not exist are not delivered as if they were its own.
+#[tokio::test]
+async fn a_tenant_made_again_is_another_position_space() {
+    let Some(url) = pg_url() else { return };
+    let (pool, table) = outbox_table(&url).await;
+    let h = spawn_host().await;
+    h.public_tenant("rs-again").await;
+    assert_eq!(set_source(&h, "rs-again", &url, &table).await.0, 200);
+    wait_live(&h, "rs-again").await;
+    let (first_epoch, _, ws) = saw_one(&h, &pool, &table, "rs-again").await;
+    drop(ws);
+    let (s, _) = h
+        .admin(Method::DELETE, "/admin/v1/tenants/rs-again", None)
+        .await;
+    assert_eq!(s, 204);
+    // Written while no tenant reads the outbox.
+    insert(&pool, &table, "c", 1).await;
+    h.public_tenant("rs-again").await;
+    assert_eq!(set_source(&h, "rs-again", &url, &table).await.0, 200);
+    wait_live(&h, "rs-again").await;
+    let mut ws = h.ws("rs-again").await;
+    let ack = ws.sub("c", 1).await;
+    assert_ne!(ack["epoch"], first_epoch, "another position space");
+    let next = seq(insert(&pool, &table, "c", 2).await);
+    let m = next_op(&mut ws, "msg", WAIT).await;
+    assert_eq!(
+        (m["seq"].as_i64(), m["data"]["n"].as_u64()),
+        (Some(next), Some(2)),
+        "the row written meanwhile is not this tenant's: {m}"
+    );
+    h.stop().await;
+}
