@@ -681,8 +681,9 @@ impl Hub {
             };
             // A chain of this node's that starts after `since` (no position
             // before it known here, `prev` 0) leaves (since, first) unknown
-            // when the node may have read there before it knew the channel.
-            if same_epoch && c.shared_epoch && missing == 0 {
+            // when the node may have read there before it knew the channel
+            // (with another epoch too: `since` is 0 then).
+            if c.shared_epoch && missing == 0 {
                 let several = self.several.load(Ordering::Acquire);
                 match (known, frames.first()) {
                     (Some(k), _) if k <= since => {}

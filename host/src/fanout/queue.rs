@@ -83,6 +83,9 @@ pub enum PushOutcome {
 #[derive(Debug)]
 struct Lost {
     ch: Arc<str>,
+    /// Drops of one channel are one gap only within one epoch: an epoch
+    /// change (announced in the queue) between them starts another.
+    epoch: u64,
     from: u64,
     to: u64,
     /// Items ahead of the first dropped message (control frames only: the
@@ -202,10 +205,11 @@ impl OutQueue {
                 // The oldest message queued: the oldest of its channel here,
                 // so a gap sent before the rest of the queue is in order.
                 let lost = &mut self.lost.get_or_insert_with(Default::default).0;
-                match lost.iter_mut().find(|l| l.ch == m.ch) {
+                match lost.iter_mut().find(|l| l.ch == m.ch && l.epoch == m.epoch) {
                     Some(l) => l.to = m.seq,
                     None => lost.push(Lost {
                         ch: m.ch.clone(),
+                        epoch: m.epoch,
                         from: m.prev + 1,
                         to: m.seq,
                         at: i,

@@ -16,6 +16,7 @@
 //! `PROPTEST_CASES=10000 cargo test -p herald-host --lib fanout::model::system`
 //! runs a longer search than the test command's 256 cases.
 
+use super::super::channel::shared_epoch;
 use super::super::position::SourcePos;
 use super::super::queue::{Item, SlowConsumer, Wire};
 use super::super::session::SessionHandle;
@@ -87,6 +88,10 @@ enum Op {
     Prune {
         keep: usize,
     },
+    /// The tenant's source is changed to another (another position space):
+    /// every node's reader starts on it, records of the old one it had not
+    /// read are left behind.
+    NewSource,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -102,11 +107,14 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..CLIENTS).prop_map(|client| Op::Disconnect { client }),
         2 => Just(Op::Drain { client: SLOW }),
         1 => (0..6usize).prop_map(|keep| Op::Prune { keep }),
+        1 => Just(Op::NewSource),
     ]
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Record {
+    /// The source (position space) it came from: 0, then 1 after a change…
+    space: u32,
     stream: u32,
     number: u64,
     channel: usize,
@@ -150,13 +158,16 @@ struct Client {
     audience: Option<&'static str>,
     node: Option<(usize, Arc<SessionHandle>)>,
     epoch: Option<u64>,
+    /// The position space of `epoch`.
+    space: u32,
     /// The last position seen or told missing.
     last: u64,
     /// Where the client's first subscription began: the first record its
     /// node had not read then (what came before is not the client's).
     start: Option<usize>,
-    received: Vec<u64>,
-    gaps: Vec<(u64, u64)>,
+    received: Vec<(u32, u64)>,
+    /// (space, from, to)
+    gaps: Vec<(u32, u64, u64)>,
 }
 
 struct World {
@@ -168,11 +179,20 @@ struct World {
     now: u64,
     /// Records below this index were deleted by retention.
     pruned: usize,
+    /// The source read now.
+    space: u32,
 }
 
-fn hub(streams: usize, stored_read: u64) -> Hub {
+/// The position space of a channel's `epoch`, among the sources so far.
+fn space_of(epoch: u64, channel: &str, spaces: u32) -> u32 {
+    (0..=spaces)
+        .find(|&k| shared_epoch(SEED + k as u64, channel) == epoch)
+        .expect("an epoch of one of the sources")
+}
+
+fn hub(streams: usize, stored_read: u64, space: u32) -> Hub {
     let h = Hub::default();
-    h.new_source(Some(SEED));
+    h.new_source(Some(SEED + space as u64));
     h.reading_from(stored_read, streams, false);
     h
 }
@@ -185,7 +205,7 @@ impl World {
             streams,
             nodes: (0..NODES)
                 .map(|_| Node {
-                    hub: hub(streams, 0),
+                    hub: hub(streams, 0, 0),
                     pos: 0,
                     read: 0,
                     stored: (0, 0),
@@ -197,6 +217,7 @@ impl World {
                     audience: if i == 3 { Some("pro") } else { None },
                     node: None,
                     epoch: None,
+                    space: 0,
                     last: 0,
                     start: None,
                     received: Vec::new(),
@@ -205,7 +226,23 @@ impl World {
                 .collect(),
             now: 0,
             pruned: 0,
+            space: 0,
         }
+    }
+
+    /// Every node's reader moves to a new source at once (an admin change).
+    fn new_source(&mut self) {
+        self.space += 1;
+        self.next = [0; 2];
+        let seed = SEED + self.space as u64;
+        for nd in self.nodes.iter_mut() {
+            nd.hub.new_source(Some(seed));
+            nd.hub.reading_from(0, self.streams, false);
+            nd.pos = self.log.len();
+            nd.read = 0;
+            nd.stored = (nd.pos, 0);
+        }
+        self.check_all();
     }
 
     fn append(&mut self, channel: usize, pro_only: bool, skip: u64) {
@@ -217,6 +254,7 @@ impl World {
         };
         self.next[stream] += 1 + skip;
         self.log.push(Record {
+            space: self.space,
             stream: stream as u32,
             number: self.next[stream],
             channel,
@@ -286,7 +324,7 @@ impl World {
         if graceful {
             nd.stored = (nd.pos, nd.read);
         }
-        nd.hub = hub(self.streams, nd.stored.1);
+        nd.hub = hub(self.streams, nd.stored.1, self.space);
         nd.pos = nd.stored.0;
         nd.read = nd.stored.1;
     }
@@ -314,10 +352,20 @@ impl World {
         );
         assert_eq!((r.epoch, r.head), ack);
         let c = &mut self.clients[client];
+        let space = space_of(r.epoch, CHANNELS[c.channel], self.space);
         match c.epoch {
-            Some(e) => assert_eq!(e, r.epoch, "client {client}: the shared epoch changed"),
+            Some(e) if e == r.epoch => {}
+            // The source changed while the client was away: its positions
+            // mean nothing here, history is replayed from its start.
+            Some(_) => {
+                assert!(space > c.space, "client {client}: an older epoch");
+                c.epoch = Some(r.epoch);
+                c.space = space;
+                c.last = 0;
+            }
             None => {
                 c.epoch = Some(r.epoch);
+                c.space = space;
                 c.last = r.head;
                 c.start = Some(self.nodes[node].pos);
             }
@@ -351,6 +399,17 @@ impl World {
             match item {
                 Item::Ctrl(b) => {
                     let v: serde_json::Value = serde_json::from_slice(&b[2..]).unwrap();
+                    if v["op"] == "ack" {
+                        // No id: the channel's epoch changed (a new source).
+                        assert!(v["id"].is_null(), "client {client}: {v}");
+                        let e = v["epoch"].as_u64().unwrap();
+                        let k = space_of(e, CHANNELS[c.channel], self.space);
+                        assert!(k > c.space, "client {client}: back to an older epoch {v}");
+                        c.epoch = Some(e);
+                        c.space = k;
+                        c.last = v["seq"].as_u64().unwrap();
+                        continue;
+                    }
                     assert_eq!(v["op"], "gap", "client {client}: unexpected {v}");
                     let (from, to) = (v["from"].as_u64().unwrap(), v["to"].as_u64().unwrap());
                     // A gap may reach back over what the client has (a queue that
@@ -362,7 +421,7 @@ impl World {
                         c.last
                     );
                     assert!(to >= from, "client {client}: empty gap {v}");
-                    c.gaps.push((from, to));
+                    c.gaps.push((c.space, from, to));
                     c.last = c.last.max(to);
                 }
                 Item::Msg(m) => {
@@ -382,10 +441,11 @@ impl World {
                     );
                     let v: serde_json::Value = serde_json::from_slice(m.json()).unwrap();
                     let r = self.log[v["data"]["i"].as_u64().unwrap() as usize];
+                    assert_eq!(r.space, c.space, "client {client}: another source's record");
                     assert_eq!(r.seq(), m.seq, "client {client}: the record's position");
                     assert_eq!(r.channel, c.channel);
                     assert!(r.for_audience(c.audience));
-                    c.received.push(m.seq);
+                    c.received.push((c.space, m.seq));
                     c.last = m.seq;
                 }
             }
@@ -435,8 +495,15 @@ impl World {
                     continue;
                 }
                 let s = r.seq();
+                // A source the client moved past: the epoch change told it
+                // that the rest of the old one is not coming.
+                let left_behind = r.space < c.space;
                 assert!(
-                    c.received.contains(&s) || c.gaps.iter().any(|(a, b)| *a <= s && s <= *b),
+                    left_behind
+                        || c.received.contains(&(r.space, s))
+                        || c.gaps
+                            .iter()
+                            .any(|(k, a, b)| *k == r.space && *a <= s && s <= *b),
                     "client {i} neither got {r:?} (seq {s}) nor a gap over it: received {:?}, gaps {:?}",
                     c.received,
                     c.gaps
@@ -471,6 +538,7 @@ fn run(streams: usize, ops: &[Op]) {
             Op::Disconnect { client } => w.disconnect(client),
             Op::Drain { client } => w.check(client),
             Op::Prune { keep } => w.pruned = w.pruned.max(w.log.len().saturating_sub(keep)),
+            Op::NewSource => w.new_source(),
         }
     }
     w.settle();
