@@ -95,6 +95,21 @@ async fn read(h: &Host, tenant: &str, records: u64) {
     }
 }
 
+/// A host with a public `tenant` (created with `body`'s other fields) that
+/// reads a fresh outbox table, live; `None` without a test Postgres.
+async fn outbox_tenant(tenant: &str, body: Value) -> Option<(PgPool, String, Host)> {
+    let url = pg_url()?;
+    let (pool, table) = outbox_table(&url).await;
+    let h = spawn_host().await;
+    let mut body = body;
+    body["id"] = json!(tenant);
+    body["access"] = json!("public");
+    h.tenant(body).await;
+    assert_eq!(set_source(&h, tenant, &url, &table).await.0, 200);
+    wait_live(&h, tenant).await;
+    Some((pool, table, h))
+}
+
 /// A client of `tenant` (reading the outbox `table`) that saw one row of
 /// `c`: its epoch, the position it saw, and its socket.
 async fn saw_one(h: &Host, pool: &PgPool, table: &str, tenant: &str) -> (Value, i64, Ws) {
@@ -138,12 +153,9 @@ async fn resume_accounts_for(
 /// them). Resuming with S must not come back empty-handed and silent.
 #[tokio::test]
 async fn a_resume_after_a_restart_reports_what_the_node_forgot() {
-    let Some(url) = pg_url() else { return };
-    let (pool, table) = outbox_table(&url).await;
-    let h = spawn_host().await;
-    h.public_tenant("rs-restart").await;
-    assert_eq!(set_source(&h, "rs-restart", &url, &table).await.0, 200);
-    wait_live(&h, "rs-restart").await;
+    let Some((pool, table, h)) = outbox_tenant("rs-restart", json!({})).await else {
+        return;
+    };
     let (epoch, first, ws) = saw_one(&h, &pool, &table, "rs-restart").await;
     drop(ws);
     let missed = three_more(&h, &pool, &table, "rs-restart").await;
@@ -159,13 +171,10 @@ async fn a_resume_after_a_restart_reports_what_the_node_forgot() {
 /// before it was dropped, and must say so.
 #[tokio::test]
 async fn a_resume_on_a_forgotten_channel_reports_the_gap() {
-    let Some(url) = pg_url() else { return };
-    let (pool, table) = outbox_table(&url).await;
-    let h = spawn_host().await;
-    h.tenant(json!({"id":"rs-forgot","access":"public","limits":{"history_size":0}}))
-        .await;
-    assert_eq!(set_source(&h, "rs-forgot", &url, &table).await.0, 200);
-    wait_live(&h, "rs-forgot").await;
+    let body = json!({"limits":{"history_size":0}});
+    let Some((pool, table, h)) = outbox_tenant("rs-forgot", body).await else {
+        return;
+    };
     let (epoch, first, mut ws) = saw_one(&h, &pool, &table, "rs-forgot").await;
     ws.send(json!({"op":"unsub","ch":"c","id":2})).await;
     assert_eq!(ws.next().await["op"], "ack");
@@ -283,12 +292,9 @@ async fn an_sse_id_for_other_channels_is_a_gap_not_silence() {
 /// while the tenant did not exist are not delivered as if they were its own.
 #[tokio::test]
 async fn a_tenant_made_again_is_another_position_space() {
-    let Some(url) = pg_url() else { return };
-    let (pool, table) = outbox_table(&url).await;
-    let h = spawn_host().await;
-    h.public_tenant("rs-again").await;
-    assert_eq!(set_source(&h, "rs-again", &url, &table).await.0, 200);
-    wait_live(&h, "rs-again").await;
+    let Some((pool, table, h)) = outbox_tenant("rs-again", json!({})).await else {
+        return;
+    };
     let (first_epoch, _, ws) = saw_one(&h, &pool, &table, "rs-again").await;
     drop(ws);
     let (s, _) = h
@@ -298,6 +304,7 @@ async fn a_tenant_made_again_is_another_position_space() {
     // Written while no tenant reads the outbox.
     insert(&pool, &table, "c", 1).await;
     h.public_tenant("rs-again").await;
+    let url = pg_url().expect("the test Postgres");
     assert_eq!(set_source(&h, "rs-again", &url, &table).await.0, 200);
     wait_live(&h, "rs-again").await;
     let mut ws = h.ws("rs-again").await;
