@@ -121,6 +121,23 @@ pub(crate) async fn subscribed(h: &Host, tenant: &str, url: &str, table: &str, c
 
 /// Waits until the tenant's source reports live; returns its view.
 pub(crate) async fn wait_live(h: &Host, tenant: &str) -> Value {
+    wait_source(
+        h,
+        tenant,
+        |h| h["state"] == "live",
+        "source never became live",
+    )
+    .await
+}
+
+/// Waits until the tenant's source health satisfies `done`; returns the
+/// source's view.
+pub(crate) async fn wait_source(
+    h: &Host,
+    tenant: &str,
+    done: impl Fn(&Value) -> bool,
+    what: &str,
+) -> Value {
     let deadline = std::time::Instant::now() + WAIT;
     loop {
         let (_, v) = h
@@ -130,13 +147,10 @@ pub(crate) async fn wait_live(h: &Host, tenant: &str) -> Value {
                 None,
             )
             .await;
-        if v["health"]["state"] == "live" {
+        if done(&v["health"]) {
             return v;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "source never became live: {v}"
-        );
+        assert!(std::time::Instant::now() < deadline, "{what}: {v}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -8,11 +8,10 @@
 //! frames' `seq` increase, and nothing at or below S comes again.
 
 use crate::helpers::*;
-use crate::outbox::{outbox_table, pg_url, seq, set_source, wait_live};
+use crate::outbox::{outbox_table, pg_url, seq, set_source, wait_live, wait_source};
 use reqwest::Method;
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use std::time::Duration;
 
 async fn insert(pool: &PgPool, table: &str, channel: &str, n: u64) -> i64 {
     sqlx::query_scalar(&format!(
@@ -75,24 +74,8 @@ fn assert_accounted(frames: &[Value], since: i64, missed: &[i64]) {
 
 /// Waits until the tenant's reader has read `records` rows in all.
 async fn read(h: &Host, tenant: &str, records: u64) {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let (_, v) = h
-            .admin(
-                Method::GET,
-                &format!("/admin/v1/tenants/{tenant}/source"),
-                None,
-            )
-            .await;
-        if v["health"]["records"].as_u64() >= Some(records) {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never read {records}: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let done = |health: &Value| health["records"].as_u64() >= Some(records);
+    wait_source(h, tenant, done, "rows never read").await;
 }
 
 /// A host with a public `tenant` (created with `body`'s other fields) that
