@@ -28,7 +28,7 @@ use crate::registry::now_ms;
 use crate::tenant::Tenant;
 use parking_lot::Mutex;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, StreamConsumer};
+use rdkafka::consumer::{Consumer as _, ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::ClientContext;
@@ -43,10 +43,12 @@ mod brokers;
 mod options;
 mod partitions;
 pub mod produce;
+mod topics;
 mod watch;
 
 pub use options::KafkaOptions;
 use partitions::Partitions;
+pub use topics::{check, ensure_topic};
 use watch::Watch;
 
 /// Where a new node starts reading (a node with stored positions resumes).
@@ -184,87 +186,6 @@ fn client_error(e: KafkaError) -> String {
         KafkaError::ClientConfig(_, desc, _, _) => format!("kafka client: {desc}"),
         e => format!("kafka client: {e}"),
     }
-}
-
-/// Creates `topic` with one partition (one partition: a tenant's publishes
-/// keep one order) when it does not exist. Brokers that refuse (no rights,
-/// no CreateTopics) leave it to them or the operator: the reader stays
-/// stalled, saying why, until the topic exists.
-pub async fn ensure_topic(brokers: &str, topic: &str) {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
-    let admin: AdminClient<DefaultClientContext> =
-        match client_config(brokers, &KafkaOptions::default()).create() {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(%topic, error = %client_error(e), "cannot create the publish topic");
-                return;
-            }
-        };
-    // Most starts find it: ask first (creating is refused by brokers that
-    // do not allow it, and not even answered by some).
-    let exists = {
-        let mut config = client_config(brokers, &KafkaOptions::default());
-        config.set("group.id", "herald-check");
-        let name = topic.to_string();
-        tokio::task::spawn_blocking(move || {
-            let consumer: BaseConsumer = config.create().ok()?;
-            consumer
-                .fetch_metadata(Some(&name), CONNECT_TIMEOUT)
-                .ok()
-                .is_some_and(|m| {
-                    m.topics().iter().any(|t| {
-                        t.name() == name && t.error().is_none() && !t.partitions().is_empty()
-                    })
-                })
-                .then_some(())
-        })
-        .await
-        .ok()
-        .flatten()
-        .is_some()
-    };
-    if exists {
-        return;
-    }
-    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(-1));
-    let options = AdminOptions::new().operation_timeout(Some(CONNECT_TIMEOUT));
-    let created =
-        tokio::time::timeout(CONNECT_TIMEOUT * 2, admin.create_topics([&new], &options)).await;
-    match created {
-        Ok(Ok(results)) => {
-            for r in results {
-                match r {
-                    Ok(_) => tracing::info!(%topic, "publish topic created"),
-                    Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                    Err((_, code)) => {
-                        tracing::warn!(%topic, error = %code, "the publish topic was not created; create it with one partition")
-                    }
-                }
-            }
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(%topic, error = %e, "the publish topic was not created; create it with one partition")
-        }
-        Err(_) => tracing::warn!(%topic, "the brokers did not answer the topic creation"),
-    }
-}
-
-/// Checks the options, that the brokers answer and that every topic exists.
-pub async fn check(brokers: &str, topics: &[String], options: &KafkaOptions) -> Result<(), String> {
-    if topics.is_empty() {
-        return Err("topics: at least one topic is required".into());
-    }
-    options.check()?;
-    let mut config = client_config(brokers, options);
-    config.set("group.id", "herald-check");
-    let topics = topics.to_vec();
-    tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = config.create().map_err(client_error)?;
-        brokers::find(&consumer, &topics, CONNECT_TIMEOUT).map(drop)
-    })
-    .await
-    .map_err(|e| format!("kafka check failed: {e}"))?
 }
 
 /// Turns librdkafka's error callbacks into the source's health.
@@ -669,175 +590,4 @@ impl Reader {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use rdkafka::consumer::Consumer;
-    use rdkafka::mocking::MockCluster;
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-
-    fn options(json: &str) -> KafkaOptions {
-        serde_json::from_str(json).unwrap()
-    }
-
-    #[test]
-    fn every_client_takes_the_tenants_options_and_herald_keeps_its_own() {
-        let o =
-            options(r#"{"client.id":"c1","fetch.wait.max.ms":10,"security.protocol":"SASL_SSL"}"#);
-        let c = reader_config("b:9092", &o, "herald-t-n");
-        assert_eq!(c.get("client.id"), Some("c1"));
-        assert_eq!(c.get("security.protocol"), Some("SASL_SSL"));
-        // Herald's tuning yields to the tenant; what Herald owns does not.
-        assert_eq!(c.get("fetch.wait.max.ms"), Some("10"));
-        assert_eq!(c.get("reconnect.backoff.max.ms"), Some("1000"));
-        assert_eq!(c.get("bootstrap.servers"), Some("b:9092"));
-        assert_eq!(c.get("group.id"), Some("herald-t-n"));
-        assert_eq!(c.get("enable.auto.commit"), Some("false"));
-        assert_eq!(c.get("allow.auto.create.topics"), Some("false"));
-        assert_eq!(client_config("b", &o).get("client.id"), Some("c1"));
-    }
-
-    #[test]
-    fn tls_and_sasl_clients_can_be_made() {
-        // Managed clusters take TLS, SASL/PLAIN over TLS, SCRAM or client
-        // certificates: librdkafka must be built with OpenSSL for any of them.
-        for o in [
-            r#"{"security.protocol":"SSL","ssl.endpoint.identification.algorithm":"https"}"#,
-            r#"{"security.protocol":"SASL_SSL","sasl.mechanism":"PLAIN","sasl.username":"u","sasl.password":"p"}"#,
-            r#"{"security.protocol":"SASL_SSL","sasl.mechanism":"SCRAM-SHA-512","sasl.username":"u","sasl.password":"p"}"#,
-        ] {
-            reader_config("b:9093", &options(o), "g")
-                .create::<BaseConsumer>()
-                .map_err(client_error)
-                .unwrap_or_else(|e| panic!("{o}: {e}"));
-        }
-    }
-
-    #[test]
-    fn librdkafkas_refusal_never_repeats_a_secret() {
-        let o = options(r#"{"sasl.jaas.config":"org.x required password=\"hunter2\";"}"#);
-        let e = client_config("b", &o)
-            .set("group.id", "g")
-            .create::<BaseConsumer>()
-            .map(drop)
-            .map_err(client_error)
-            .unwrap_err();
-        assert!(e.contains("JAAS"), "librdkafka's reason: {e}");
-        assert!(!e.contains("hunter2"), "{e}");
-        let e = client_config("b", &options(r#"{"security.protocol":"carrier_pigeon"}"#))
-            .set("group.id", "g")
-            .create::<BaseConsumer>()
-            .map(drop)
-            .map_err(client_error)
-            .unwrap_err();
-        assert!(
-            e.contains("carrier_pigeon") && e.contains("security.protocol"),
-            "{e}"
-        );
-    }
-
-    /// The mock cluster cannot add partitions to a topic (librdkafka's mock
-    /// has no CreatePartitions handler, and creating an existing topic fails),
-    /// so the reader's first assignment pretends the topic had one partition;
-    /// the metadata read by the watch then shows the second.
-    #[test]
-    fn a_partition_found_later_is_assigned_and_read_from_its_beginning() {
-        let cluster = MockCluster::new(1).unwrap();
-        cluster.create_topic("grow", 2, 1).unwrap();
-        let brokers = cluster.bootstrap_servers();
-        let producer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .create()
-            .unwrap();
-        // Written before the reader knew of partition 1: new to it all the same.
-        for v in ["a", "b"] {
-            producer
-                .send(BaseRecord::<(), _>::to("grow").partition(1).payload(v))
-                .map_err(|(e, _)| e)
-                .unwrap();
-        }
-        producer.flush(Duration::from_secs(10)).unwrap();
-        let consumer: BaseConsumer = reader_config(&brokers, &KafkaOptions::default(), "g")
-            .create()
-            .unwrap();
-        let parts = Mutex::new(Partitions::new(BTreeMap::new()));
-        let first = [("grow".to_string(), vec![0])];
-        let t = CONNECT_TIMEOUT;
-        assert_eq!(
-            brokers::assign_new(&consumer, &parts, &first, KafkaStart::Latest, t),
-            Ok(1)
-        );
-        let found = brokers::find(&consumer, &["grow".to_string()], t).unwrap();
-        assert_eq!(found, [("grow".to_string(), vec![0, 1])]);
-        assert_eq!(
-            brokers::assign_new(&consumer, &parts, &found, KafkaStart::Latest, t),
-            Ok(1)
-        );
-        assert_eq!(
-            brokers::assign_new(&consumer, &parts, &found, KafkaStart::Latest, t),
-            Ok(0),
-            "assigned once"
-        );
-        assert_eq!(parts.lock().count(), 2);
-        assert_eq!(consumer.assignment().unwrap().count(), 2);
-        // Its lag counts from its beginning, not from "latest".
-        let positions = parts.lock().positions();
-        let latest = brokers::latest(&consumer, &positions, t).unwrap();
-        assert_eq!(partitions::lag(&positions, &latest), 2);
-
-        let mut got = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while got.len() < 2 {
-            assert!(Instant::now() < deadline, "records of partition 1: {got:?}");
-            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
-                let m = m.unwrap();
-                got.push((m.partition(), m.offset(), m.payload().unwrap().to_vec()));
-            }
-        }
-        assert_eq!(got, [(1, 0, b"a".to_vec()), (1, 1, b"b".to_vec())]);
-    }
-
-    #[test]
-    fn config_shapes() {
-        let c: SourceConfig = serde_json::from_str(
-            r#"{"kind":"kafka","brokers":"b:9092","topics":["t"],"start":"earliest"}"#,
-        )
-        .unwrap();
-        assert!(matches!(
-            c,
-            SourceConfig::Kafka {
-                start: KafkaStart::Earliest,
-                ..
-            }
-        ));
-        let c: SourceConfig = serde_json::from_str(
-            r#"{"kind":"kafka","brokers":"b","topics":["t"],"start":1700000000000}"#,
-        )
-        .unwrap();
-        assert!(matches!(
-            c,
-            SourceConfig::Kafka {
-                start: KafkaStart::Timestamp(1_700_000_000_000),
-                ..
-            }
-        ));
-        let c: SourceConfig =
-            serde_json::from_str(r#"{"kind":"kafka","brokers":"b","topics":["t"]}"#).unwrap();
-        assert!(matches!(
-            c,
-            SourceConfig::Kafka {
-                start: KafkaStart::Latest,
-                ..
-            }
-        ));
-        assert!(serde_json::from_str::<SourceConfig>(
-            r#"{"kind":"kafka","brokers":"b","topics":["t"],"start":"yesterday"}"#
-        )
-        .is_err());
-        assert_eq!(
-            ChannelFrom::parse(None),
-            Ok(ChannelFrom::Header("channel".into()))
-        );
-        assert_eq!(ChannelFrom::parse(Some("key")), Ok(ChannelFrom::Key));
-        assert!(ChannelFrom::parse(Some("header:")).is_err());
-    }
-}
+mod tests;

@@ -26,7 +26,12 @@
 //! writes to the outbox table.
 
 mod cursor;
+mod shape;
 mod sql;
+mod stored;
+
+use shape::add_xid;
+pub use shape::{check, quoted_table};
 
 use super::{set_state, Health, SourceConfig, SourceState};
 use crate::app::App;
@@ -43,8 +48,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-use cursor::{Cursor, Legacy, Stored};
-use sql::{decode, parse_xid, Backlog, OutboxRow, Sql};
+use cursor::Cursor;
+use sql::{decode, Backlog, OutboxRow, Sql};
 
 /// No progress while lagging for this long means stalled.
 pub const STALL_AFTER: Duration = Duration::from_millis(1500);
@@ -91,43 +96,6 @@ fn query_err(e: sqlx::Error) -> OutboxError {
     OutboxError::Query(e.to_string())
 }
 
-/// `name` or `schema.name`, each `[A-Za-z_][A-Za-z0-9_]*`, quoted for SQL.
-pub fn quoted_table(table: &str) -> Result<String, OutboxError> {
-    let ok = |p: &str| {
-        !p.is_empty()
-            && p.len() <= 63
-            && p.chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-    };
-    let parts: Vec<&str> = table.split('.').collect();
-    if parts.is_empty() || parts.len() > 2 || !parts.iter().all(|p| ok(p)) {
-        return Err(OutboxError::BadTable(table.to_string()));
-    }
-    Ok(parts
-        .iter()
-        .map(|p| format!("\"{p}\""))
-        .collect::<Vec<_>>()
-        .join("."))
-}
-
-/// The statements that add the xid column (and the reader's index) to a
-/// table made before it existed, for the operator to run.
-fn add_xid(table: &str) -> String {
-    // As typed when that names the same table (lower case), quoted otherwise.
-    let name = if table.chars().any(|c| c.is_ascii_uppercase()) {
-        quoted_table(table).unwrap_or_else(|_| table.to_string())
-    } else {
-        table.to_string()
-    };
-    let index = format!("{}_xid_id", table.rsplit('.').next().unwrap_or(table)).to_lowercase();
-    format!(
-        "ALTER TABLE {name} ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id(); \
-         CREATE INDEX CONCURRENTLY {index} ON {name} (xid, id);"
-    )
-}
-
 async fn connect(url: &str) -> Result<PgPool, OutboxError> {
     PgPoolOptions::new()
         // One for NOTIFY, one for queries.
@@ -153,62 +121,6 @@ impl Drop for Db {
                 let _ = tokio::time::timeout(Duration::from_secs(2), pool.close()).await;
             });
         }
-    }
-}
-
-/// Checks that the database is reachable and the table has the outbox shape,
-/// the xid column included.
-pub async fn check(url: &str, table: &str) -> Result<(), OutboxError> {
-    let quoted = quoted_table(table)?;
-    tokio::time::timeout(CHECK_TIMEOUT, async {
-        let db = Db(connect(url).await?);
-        shape(&db.0, table, &quoted).await
-    })
-    .await
-    .map_err(|_| OutboxError::Connect(format!("timed out after {CHECK_TIMEOUT:?}")))?
-}
-
-async fn shape(pool: &PgPool, table: &str, quoted: &str) -> Result<(), OutboxError> {
-    sqlx::query(&format!(
-        "SELECT id, channel, key, payload, payload_bytes, headers, created_at FROM {quoted} WHERE false"
-    ))
-    .execute(pool)
-    .await
-    .map_err(|e| OutboxError::Table {
-        table: table.to_string(),
-        cause: e.to_string(),
-    })?;
-    let xid: Option<(String, bool, Option<String>, bool)> = sqlx::query_as(
-        "SELECT format_type(a.atttypid, a.atttypmod), a.attnotnull, pg_get_expr(d.adbin, d.adrelid), \
-         EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute b ON b.attrelid = i.indrelid AND b.attname = 'id' \
-                 WHERE i.indrelid = a.attrelid AND i.indkey[0] = a.attnum AND i.indkey[1] = b.attnum) \
-         FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
-         WHERE a.attrelid = $1::regclass AND a.attname = 'xid' AND NOT a.attisdropped",
-    )
-    .bind(quoted)
-    .fetch_optional(pool)
-    .await
-    .map_err(query_err)?;
-    match xid {
-        None => Err(OutboxError::NoXid {
-            table: table.to_string(),
-        }),
-        Some((ty, true, Some(default), indexed))
-            if ty == "xid8" && default == "pg_current_xact_id()" =>
-        {
-            if !indexed {
-                tracing::warn!(%table, "outbox table has no index on (xid, id): every read scans it; {}", add_xid(table));
-            }
-            Ok(())
-        }
-        Some((ty, not_null, default, _)) => Err(OutboxError::BadXid {
-            table: table.to_string(),
-            found: format!(
-                "{ty}{}{}",
-                if not_null { " NOT NULL" } else { "" },
-                default.map(|d| format!(" DEFAULT {d}")).unwrap_or_default()
-            ),
-        }),
     }
 }
 
@@ -374,7 +286,7 @@ impl Reader {
             ),
             Origin::Log(_) => Wake::Bell(&self.tenant.log_written),
         };
-        let key = self.or_stop(source_key(pool, &self.table)).await?;
+        let key = self.or_stop(stored::source_key(pool, &self.table)).await?;
         let (mut cursor, fresh) = self.or_stop(self.load_cursor(pool, &sql, &key)).await?;
         // Where this node's knowledge of the source starts (ARCHITECTURE.md,
         // "Positions"): every id up to it was read by an earlier process, or
@@ -491,56 +403,6 @@ impl Reader {
         }
     }
 
-    /// The log reader: rows that retention deleted past the cursor were never
-    /// read here (the node was down or behind for longer than the log keeps
-    /// rows). Checked after every batch read: a deletion that hid rows from
-    /// the read had committed its mark before it. The rows up to the mark are
-    /// a gap for every session (`Hub::skip_to`), the cursor moves past them,
-    /// and what `rows` holds up to the mark is dropped with them.
-    async fn past_pruned(
-        &self,
-        pool: &PgPool,
-        cursor: &mut Cursor,
-        key: &str,
-        rows: &mut Vec<OutboxRow>,
-    ) -> Result<(), OutboxError> {
-        if !matches!(self.origin, Origin::Log(_)) {
-            return Ok(());
-        }
-        let mark = self
-            .or_stop(async {
-                crate::cluster::log::pruned(pool, &self.tenant.id)
-                    .await
-                    .map_err(query_err)
-            })
-            .await?;
-        let Some((xid, id, max_id)) = mark else {
-            return Ok(());
-        };
-        let xid = parse_xid(&xid)?;
-        if (xid, id) <= (cursor.xid, cursor.id) {
-            return Ok(());
-        }
-        tracing::warn!(tenant = %self.tenant.id, from = cursor.id, to = id, "publish log rows were deleted by retention before this node read them; subscribers are told of the gap");
-        self.tenant.hub.skip_to(0, max_id.max(0) as u64);
-        rows.retain(|r| (r.xid, r.id) > (xid, id));
-        *cursor = Cursor {
-            xid,
-            id,
-            legacy: None,
-            read: Some(cursor.read.unwrap_or(0).max(max_id)),
-        };
-        self.store_cursor(key, cursor).await?;
-        {
-            let mut h = self.health.lock();
-            h.errors += 1;
-            h.last_error = Some(format!(
-                "publish log rows up to id {id} were deleted by retention before this node read them"
-            ));
-        }
-        Ok(())
-    }
-
     /// Health and metrics from the backlog; lag that does not move is a stall.
     fn report(
         &self,
@@ -583,168 +445,8 @@ impl Reader {
         }
     }
 
-    /// The stored cursor for this database and table; a cursor an older
-    /// Herald kept under the table name alone is taken over once (and marked
-    /// moved, so another database with that table name does not take it
-    /// too); with none, the end of what is final now (a new source starts at
-    /// the latest row, like a Kafka consumer at "latest").
-    async fn load_cursor(
-        &self,
-        pool: &PgPool,
-        sql: &Sql,
-        key: &str,
-    ) -> Result<(Cursor, bool), OutboxError> {
-        let registry_err = |e| OutboxError::Query(format!("reading the cursor: {e}"));
-        let (tenant, node) = (&self.tenant.id, &self.app.config.node_id);
-        let old_key = format!("outbox:{}", self.table);
-        let mut taken_over = false;
-        let mut stored = self
-            .app
-            .registry
-            .cursor(tenant, node, key)
-            .await
-            .map_err(registry_err)?
-            .as_deref()
-            .and_then(Cursor::parse);
-        if stored.is_none() {
-            stored = self
-                .app
-                .registry
-                .cursor(tenant, node, &old_key)
-                .await
-                .map_err(registry_err)?
-                .as_deref()
-                .and_then(Cursor::parse);
-            taken_over = stored.is_some();
-        }
-        // Without a stored cursor the reader begins past rows it never read.
-        let fresh = stored.is_none();
-        let cursor = match stored {
-            Some(Stored::Current(c)) => c,
-            Some(Stored::BareId(after_id)) => {
-                // Every row an older Herald delivered was committed before
-                // now, so its transaction is below this snapshot's xmax.
-                let until: String =
-                    sqlx::query_scalar("SELECT pg_snapshot_xmax(pg_current_snapshot())::text")
-                        .fetch_one(pool)
-                        .await
-                        .map_err(query_err)?;
-                Cursor {
-                    legacy: Some(Legacy {
-                        after_id,
-                        until_xid: parse_xid(&until)?,
-                    }),
-                    // An older Herald delivered in id order: up to this id.
-                    read: Some(after_id),
-                    ..Cursor::START
-                }
-            }
-            None => match self.log_start(pool).await? {
-                Some(c) => c,
-                None => match sqlx::query(&sql.end)
-                    .fetch_optional(pool)
-                    .await
-                    .map_err(query_err)?
-                {
-                    Some(r) => {
-                        let id = r.try_get("id").map_err(query_err)?;
-                        Cursor {
-                            xid: parse_xid(
-                                &r.try_get::<String, _>("xid_text").map_err(query_err)?,
-                            )?,
-                            id,
-                            legacy: None,
-                            read: Some(id),
-                        }
-                    }
-                    None => Cursor::START,
-                },
-            },
-        };
-        self.store_cursor(key, &cursor).await?;
-        if taken_over {
-            self.app
-                .registry
-                .put_cursor(tenant, node, &old_key, &format!("moved to {key}"))
-                .await
-                .map_err(|e| OutboxError::Query(format!("storing the cursor: {e}")))?;
-        }
-        Ok((cursor, fresh))
-    }
-
-    /// Where a log reader without a cursor starts: after the tenant's last
-    /// row logged before it was created or more than [`LOG_CATCH_UP`] ago,
-    /// so a tenant created through another node loses none of its first rows
-    /// (rows logged before this node started reading are read, not skipped).
-    /// One query: a row committed meanwhile is newer than the window's start,
-    /// so it comes after the cursor. `None`: an outbox (which starts at its
-    /// latest row).
-    async fn log_start(&self, pool: &PgPool) -> Result<Option<Cursor>, OutboxError> {
-        if !matches!(self.origin, Origin::Log(_)) {
-            return Ok(None);
-        }
-        let created = match self.app.registry.get_tenant(&self.tenant.id).await {
-            Ok(t) => t.created_at_ms,
-            Err(e) => return Err(OutboxError::Query(format!("reading the tenant: {e}"))),
-        };
-        let before: Option<(String, i64)> = sqlx::query_as(
-            "SELECT xid::text, id FROM herald_publish_log WHERE tenant_id = $1 \
-             AND created_at < greatest(to_timestamp($2::float8 / 1000), now() - make_interval(secs => $3)) \
-             ORDER BY xid DESC, id DESC LIMIT 1",
-        )
-        .bind(&*self.tenant.id)
-        .bind(created as f64)
-        .bind(LOG_CATCH_UP.as_secs_f64())
-        .fetch_optional(pool)
-        .await
-        .map_err(query_err)?;
-        match before {
-            Some((xid, id)) => Ok(Some(Cursor {
-                xid: parse_xid(&xid)?,
-                id,
-                legacy: None,
-                read: Some(id),
-            })),
-            None => Ok(Some(Cursor::START)),
-        }
-    }
-
-    async fn store_cursor(&self, key: &str, cursor: &Cursor) -> Result<(), OutboxError> {
-        self.app
-            .registry
-            .put_cursor(
-                &self.tenant.id,
-                &self.app.config.node_id,
-                key,
-                &cursor.encode(),
-            )
-            .await
-            .map_err(|e| OutboxError::Query(format!("storing the cursor: {e}")))
-    }
-
     /// Publishes a batch through ingest, then stores the cursor past it.
     /// Not cut short by a stop: a batch handed to ingest is finished.
-    /// The cursor to store: `last`, or just before the lowest row a
-    /// conflation window still holds, so a crash re-reads it rather than
-    /// losing it (the rows between are duplicates then). A take-over cursor
-    /// (`legacy`) is stored as it is.
-    fn held_back(&self, last: Cursor) -> Cursor {
-        let lowest = self.tenant.conflator.lock().lowest_held();
-        match lowest.iter().find(|(stream, _)| *stream == 0) {
-            Some(&(_, (xid, id)))
-                if last.legacy.is_none() && (xid, id as i64) <= (last.xid, last.id) =>
-            {
-                Cursor {
-                    xid,
-                    id: id as i64 - 1,
-                    legacy: None,
-                    read: last.read,
-                }
-            }
-            _ => last,
-        }
-    }
-
     async fn deliver(
         &self,
         rows: Vec<OutboxRow>,
@@ -809,62 +511,5 @@ impl Reader {
     }
 }
 
-/// The registry key of this node's cursor: the database (the server's system
-/// identifier, which replicas share, and the database name) and the table.
-/// Credentials and host names are not part of it: the same database reached
-/// another way keeps its cursor.
-async fn source_key(pool: &PgPool, table: &str) -> Result<String, OutboxError> {
-    let r = sqlx::query(
-        "SELECT (SELECT system_identifier::text FROM pg_control_system()) AS system, current_database() AS db",
-    )
-    .fetch_one(pool)
-    .await;
-    let r = match r {
-        Ok(r) => r,
-        // pg_control_system() may be withheld from the user: the server's
-        // address then stands for the server.
-        Err(_) => sqlx::query(
-            "SELECT COALESCE(host(inet_server_addr()), 'local') || ':' || current_setting('port') AS system, \
-             current_database() AS db",
-        )
-        .fetch_one(pool)
-        .await
-        .map_err(query_err)?,
-    };
-    let system: String = r.try_get("system").map_err(query_err)?;
-    let db: String = r.try_get("db").map_err(query_err)?;
-    Ok(format!("outbox:{system}/{db}/{table}"))
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_names_are_checked_and_quoted() {
-        assert_eq!(quoted_table("herald_outbox").unwrap(), "\"herald_outbox\"");
-        assert_eq!(
-            quoted_table("app.outbox_1").unwrap(),
-            "\"app\".\"outbox_1\""
-        );
-        for bad in ["", "a.b.c", "1abc", "x; DROP TABLE y", "a-b", "\"q\""] {
-            assert!(quoted_table(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn the_missing_column_error_names_the_statement_to_run() {
-        let e = OutboxError::NoXid {
-            table: "app.Outbox".into(),
-        }
-        .to_string();
-        assert!(
-            e.contains("ALTER TABLE \"app\".\"Outbox\" ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id();"),
-            "{e}"
-        );
-        assert!(
-            e.contains("CREATE INDEX CONCURRENTLY outbox_xid_id ON \"app\".\"Outbox\" (xid, id);"),
-            "{e}"
-        );
-    }
-}
+mod tests;

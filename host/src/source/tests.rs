@@ -1,0 +1,55 @@
+//! Unit tests of source configs: parsing and credentials hidden.
+
+use super::*;
+
+#[test]
+fn configs_parse_and_redact() {
+    let c: SourceConfig = serde_json::from_str(
+        r#"{"kind":"postgres_outbox","database_url":"postgres://u:pw@h:5/db","table":"herald_outbox"}"#,
+    )
+    .unwrap();
+    assert_eq!(c.kind(), "postgres_outbox");
+    assert_eq!(c.redacted()["database_url"], "postgres://u:***@h:5/db");
+    assert_eq!(
+        serde_json::from_str::<SourceConfig>(r#"{"kind":"http"}"#).unwrap(),
+        SourceConfig::default()
+    );
+    assert_eq!(
+        serde_json::from_str::<SourceConfig>(r#"{"kind":"http","stall_after_ms":3000}"#).unwrap(),
+        SourceConfig::Http {
+            stall_after_ms: Some(3000)
+        }
+    );
+    let e = serde_json::from_str::<SourceConfig>(r#"{"kind":"postgres_outbox","table":"t"}"#)
+        .unwrap_err();
+    assert!(e.to_string().contains("database_url"), "{e}");
+    assert!(serde_json::from_str::<SourceConfig>(r#"{"kind":"carrier_pigeon"}"#).is_err());
+    assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
+}
+
+/// Issue 11: no part of a secret in a source URL is shown.
+#[test]
+fn every_credential_in_a_url_is_hidden() {
+    for (url, shown) in [
+        ("postgres://u:p@ss@h:5/db", "postgres://u:***@h:5/db"),
+        (
+            "postgres://u:pw@h/db?sslmode=require&password=x&sslpassword=y",
+            "postgres://u:***@h/db?sslmode=require&password=***&sslpassword=***",
+        ),
+        (
+            "postgres://h/db?user=u&password=hunter2#f",
+            "postgres://h/db?user=u&password=***#f",
+        ),
+        ("postgres://u@h/db", "postgres://u@h/db"),
+        (
+            "postgres://u:pw@h?application_name=a",
+            "postgres://u:***@h?application_name=a",
+        ),
+        (
+            "postgres://h/db?Auth_Token=t",
+            "postgres://h/db?Auth_Token=***",
+        ),
+    ] {
+        assert_eq!(redact_url(url), shown, "{url}");
+    }
+}
