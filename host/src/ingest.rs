@@ -172,8 +172,15 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
     // How far this node has read, before anything of the batch is published
     // (ARCHITECTURE.md, "Positions"): a channel made from now on knows it
     // may have missed these records, never the other way round.
+    let mut read: Vec<(u32, u64)> = Vec::new();
     for p in records.iter().filter_map(|r| r.position) {
-        tenant.hub.read_to(p.stream, p.number);
+        match read.iter_mut().find(|(s, _)| *s == p.stream) {
+            Some((_, n)) => *n = (*n).max(p.number),
+            None => read.push((p.stream, p.number)),
+        }
+    }
+    for (stream, number) in read {
+        tenant.hub.read_to(stream, number);
     }
     let settings = tenant.settings();
     let plugin = tenant.plugin().filter(|p| p.info.hooks.transform);

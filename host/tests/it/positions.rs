@@ -559,16 +559,7 @@ async fn http_publish_into_several_partitions_keeps_a_channel_in_one() {
     let brokers = cluster.bootstrap_servers();
     let h = spawn_host().await;
     let key = h.public_tenant("pos-parts").await;
-    let body = json!({"kind":"kafka","brokers":brokers,"topics":["pos-parts"],"start":"earliest"});
-    let (s, v) = h
-        .admin(
-            Method::PUT,
-            "/admin/v1/tenants/pos-parts/source",
-            Some(body),
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
-    wait_live(&h, "pos-parts").await;
+    read_topics(&h, "pos-parts", &brokers, json!(["pos-parts"])).await;
     let mut ws = h.ws("pos-parts").await;
     ws.sub("t", 1).await;
     let mut answered = Vec::new();
@@ -614,22 +605,7 @@ async fn adding_a_topic_keeps_the_other_topics_positions() {
     let producer = test_producer(&brokers);
     let h = spawn_host().await;
     h.public_tenant("pos-addtopic").await;
-    let set = |topics: Value| {
-        let body = json!({"kind":"kafka","brokers":brokers,"topics":topics,"start":"earliest"});
-        let h = &h;
-        async move {
-            let (s, v) = h
-                .admin(
-                    Method::PUT,
-                    "/admin/v1/tenants/pos-addtopic/source",
-                    Some(body),
-                )
-                .await;
-            assert_eq!(s, 200, "{v}");
-            wait_live(h, "pos-addtopic").await;
-        }
-    };
-    set(json!(["pos-ka"])).await;
+    read_topics(&h, "pos-addtopic", &brokers, json!(["pos-ka"])).await;
     let mut ws = h.ws("pos-addtopic").await;
     ws.sub("c", 1).await;
     for n in 0..2 {
@@ -641,9 +617,19 @@ async fn adding_a_topic_keeps_the_other_topics_positions() {
     produce(&producer, "pos-ka", "c", 2).await;
     assert_eq!(msgs(&mut ws, 1).await[0]["data"]["n"], 2);
     tokio::time::sleep(Duration::from_millis(400)).await;
-    set(json!(["pos-ka", "pos-kb"])).await;
+    read_topics(&h, "pos-addtopic", &brokers, json!(["pos-ka", "pos-kb"])).await;
     produce(&producer, "pos-ka", "c", 3).await;
     let next = msgs(&mut ws, 1).await;
     assert_eq!(next[0]["data"]["n"], 3, "nothing read again: {next:?}");
     h.stop().await;
+}
+
+/// Points `tenant` at `topics` of `brokers` from their earliest records and
+/// waits until it is live.
+async fn read_topics(h: &Host, tenant: &str, brokers: &str, topics: Value) {
+    let body = json!({"kind":"kafka","brokers":brokers,"topics":topics,"start":"earliest"});
+    let path = format!("/admin/v1/tenants/{tenant}/source");
+    let (s, v) = h.admin(Method::PUT, &path, Some(body)).await;
+    assert_eq!(s, 200, "{v}");
+    wait_live(h, tenant).await;
 }
