@@ -29,7 +29,7 @@ use crate::tenant::Tenant;
 use parking_lot::Mutex;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer as _, ConsumerContext, StreamConsumer};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
 use rdkafka::ClientContext;
 use serde::{Deserialize, Serialize};
@@ -167,9 +167,12 @@ fn reader_config(brokers: &str, options: &KafkaOptions, group: &str) -> ClientCo
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
-        // A position that falls out of range while reading goes back to the
-        // earliest record held, never ahead to the newest.
-        .set("auto.offset.reset", "earliest")
+        // A position that falls out of the brokers' range while reading is
+        // an error, never a silent jump (to the earliest record held, past
+        // records this node never read, or back before records it did):
+        // the reader starts over from its stored positions, where `connect`
+        // reports what retention deleted unread (`Hub::skip_to`).
+        .set("auto.offset.reset", "error")
         .set("queued.max.messages.kbytes", "16384");
     config
 }
@@ -215,6 +218,8 @@ pub struct Reader {
     options: KafkaOptions,
     start: KafkaStart,
     channel_from: ChannelFrom,
+    /// The source's `generation`: part of the positions' registry key.
+    generation: u32,
     health: Arc<Mutex<Health>>,
     stop: CancellationToken,
     /// When the positions were last stored.
@@ -233,6 +238,16 @@ struct Link {
     /// Since when the brokers have held records this node has not delivered
     /// (reset by a delivery): lag without progress for STALL_AFTER stalls.
     behind_since: Mutex<Option<Instant>>,
+}
+
+/// What the reader does after a batch.
+enum Next {
+    More,
+    /// The reader was stopped: the batch is the last.
+    Stop,
+    /// librdkafka stopped fetching a partition whose position the brokers
+    /// no longer hold (`auto.offset.reset=error`).
+    OutOfRange(String),
 }
 
 struct Owned {
@@ -262,6 +277,7 @@ impl Reader {
             start,
             channel_from,
             options,
+            generation,
         } = config
         else {
             unreachable!("the kafka reader is only built for kafka sources")
@@ -275,6 +291,7 @@ impl Reader {
             start,
             channel_from: ChannelFrom::parse(channel_from.as_deref())
                 .unwrap_or(ChannelFrom::Header("channel".into())),
+            generation,
             health,
             stop,
             saved: Mutex::new(Instant::now()),
@@ -285,7 +302,11 @@ impl Reader {
     /// Where this node's positions were kept by Herald versions that named
     /// them by the topic list (a topic added lost them all).
     fn legacy_key(&self) -> String {
-        format!("kafka:{}", self.topics.join(","))
+        format!(
+            "kafka:{}{}",
+            self.topics.join(","),
+            super::generation_suffix(self.generation)
+        )
     }
 
     /// The registry key of this node's positions: the Kafka cluster (its id,
@@ -343,12 +364,20 @@ impl Reader {
                 .await
                 .map_err(|e| e.to_string())?;
         let key = match cluster {
-            Some(id) => format!("kafka-cluster:{id}"),
+            Some(id) => format!(
+                "kafka-cluster:{id}{}",
+                super::generation_suffix(self.generation)
+            ),
             None => self.legacy_key(),
         };
         *self.key.lock() = key.clone();
         let mut stored = BTreeMap::new();
-        for k in [key, self.legacy_key()] {
+        let keys = if self.generation == 0 {
+            vec![key, self.legacy_key()]
+        } else {
+            vec![key]
+        };
+        for k in keys {
             stored = self
                 .app
                 .registry
@@ -414,31 +443,47 @@ impl Reader {
     /// Batches records into ingest until the reader stops.
     async fn read(&self, link: &Link) -> Result<(), String> {
         loop {
-            let Some(batch) = self.collect(&link.consumer).await else {
-                // Held messages go out before the positions past them are stored.
-                ingest::flush(&self.tenant);
-                let encoded = link.partitions.lock().encoded();
-                return self.save(&encoded).await;
-            };
+            let (batch, next) = self.collect(&link.consumer).await;
             if !batch.is_empty() {
                 self.deliver(batch, link).await?;
+            }
+            match next {
+                Next::More => {}
+                Next::Stop => {
+                    // Held messages go out before the positions past them are stored.
+                    ingest::flush(&self.tenant);
+                    let encoded = link.partitions.lock().encoded();
+                    return self.save(&encoded).await;
+                }
+                Next::OutOfRange(e) => {
+                    // What was delivered is stored; the next connection
+                    // starts there and reports what the brokers no longer hold.
+                    self.save(&self.held_back(link)).await?;
+                    return Err(format!(
+                        "a partition's position is out of the brokers' range ({e}); reading again from the stored positions"
+                    ));
+                }
             }
         }
     }
 
     /// Up to BATCH records, gathered for BATCH_WINDOW at most and for
-    /// BATCH_LINGER once one arrived; `None` when the reader stops.
-    async fn collect(&self, consumer: &StreamConsumer<Ctx>) -> Option<Vec<Owned>> {
+    /// BATCH_LINGER once one arrived, and what comes after them.
+    async fn collect(&self, consumer: &StreamConsumer<Ctx>) -> (Vec<Owned>, Next) {
         let opened = tokio::time::Instant::now();
         let mut batch = Vec::new();
         while batch.len() < BATCH {
             let msg = tokio::select! {
-                _ = self.stop.cancelled() => return None,
+                // Unstored records are read again by whoever reads next.
+                _ = self.stop.cancelled() => return (Vec::new(), Next::Stop),
                 _ = tokio::time::sleep_until(opened + BATCH_WINDOW) => break,
                 m = consumer.recv() => m,
             };
             match msg {
                 Ok(m) => batch.push(self.own(&m)),
+                Err(e @ KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)) => {
+                    return (batch, Next::OutOfRange(e.to_string()));
+                }
                 Err(e) => {
                     set_state(
                         &self.tenant,
@@ -453,7 +498,7 @@ impl Reader {
                 break;
             }
         }
-        Some(batch)
+        (batch, Next::More)
     }
 
     fn own(&self, m: &rdkafka::message::BorrowedMessage<'_>) -> Owned {

@@ -55,6 +55,12 @@ pub enum SourceConfig {
         /// Safety-net polling interval when no NOTIFY arrives (default 1000 ms).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         poll_ms: Option<u64>,
+        /// Raise it when the source's positions start over (the table truncated with RESTART IDENTITY, or made again): another
+        /// position space. Every channel gets a new epoch (subscribers are
+        /// told by an `ack`; a resume from the old epoch is a gap) and
+        /// positions stored under another generation are not used. Default 0.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        generation: u32,
     },
     /// Read every partition of `topics` (a broadcast consumer).
     Kafka {
@@ -73,6 +79,12 @@ pub enum SourceConfig {
         #[serde(default, skip_serializing_if = "kafka::KafkaOptions::is_empty")]
         #[schema(value_type = Object)]
         options: kafka::KafkaOptions,
+        /// Raise it when the source's positions start over (a topic deleted and made again): another
+        /// position space. Every channel gets a new epoch (subscribers are
+        /// told by an `ack`; a resume from the old epoch is a gap) and
+        /// positions stored under another generation are not used. Default 0.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        generation: u32,
     },
 }
 
@@ -108,11 +120,23 @@ impl SourceConfig {
             SourceConfig::PostgresOutbox {
                 database_url,
                 table,
+                generation,
                 ..
-            } => format!("postgres_outbox {} {table}", redact_url(database_url)),
+            } => format!(
+                "postgres_outbox {} {table}{}",
+                redact_url(database_url),
+                generation_suffix(*generation)
+            ),
             SourceConfig::Kafka {
-                brokers, topics, ..
-            } => format!("kafka {brokers} {}", topics.join(",")),
+                brokers,
+                topics,
+                generation,
+                ..
+            } => format!(
+                "kafka {brokers} {}{}",
+                topics.join(","),
+                generation_suffix(*generation)
+            ),
         };
         use sha2::{Digest, Sha256};
         let d = Sha256::digest(format!("{tenant}\n{created_at_ms}\n{identity}").as_bytes());
@@ -133,6 +157,21 @@ impl SourceConfig {
         }
         v
     }
+}
+
+/// What a source's `generation` adds to the names of its positions (its
+/// epoch seed, its stored positions' key): nothing for 0, so sources set
+/// before generations existed keep theirs.
+pub fn generation_suffix(generation: u32) -> String {
+    if generation == 0 {
+        String::new()
+    } else {
+        format!("#g{generation}")
+    }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// `postgres://user:secret@host/db` → `postgres://user:***@host/db`. The
@@ -435,6 +474,7 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig, c
             start: kafka::KafkaStart::Timestamp((now_ms() as u64).saturating_sub(10_000)),
             channel_from: None,
             options: Default::default(),
+            generation: 0,
         }),
         _ => None,
     };

@@ -185,6 +185,8 @@ pub struct Reader {
     table: String,
     batch: u32,
     poll: Duration,
+    /// The source's `generation`: part of the cursor's registry key.
+    generation: u32,
     health: Arc<Mutex<Health>>,
     stop: CancellationToken,
 }
@@ -202,6 +204,7 @@ impl Reader {
             table,
             batch_size,
             poll_ms,
+            generation,
         } = config
         else {
             unreachable!("the outbox reader is only built for postgres_outbox sources")
@@ -213,6 +216,7 @@ impl Reader {
             table,
             batch: batch_size.unwrap_or(1000).clamp(1, 10_000),
             poll: Duration::from_millis(poll_ms.unwrap_or(1000).clamp(10, 60_000)),
+            generation,
             health,
             stop,
         }
@@ -233,6 +237,7 @@ impl Reader {
             table: crate::cluster::log::TABLE.to_string(),
             batch: 1000,
             poll: LOG_POLL,
+            generation: 0,
             health,
             stop,
         }
@@ -286,7 +291,8 @@ impl Reader {
             ),
             Origin::Log(_) => Wake::Bell(&self.tenant.log_written),
         };
-        let key = self.or_stop(stored::source_key(pool, &self.table)).await?;
+        let key = self.or_stop(stored::source_key(pool, &self.table)).await?
+            + &super::generation_suffix(self.generation);
         let (mut cursor, fresh) = self.or_stop(self.load_cursor(pool, &sql, &key)).await?;
         // Where this node's knowledge of the source starts (ARCHITECTURE.md,
         // "Positions"): every id up to it was read by an earlier process, or

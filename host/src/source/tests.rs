@@ -53,3 +53,28 @@ fn every_credential_in_a_url_is_hidden() {
         assert_eq!(redact_url(url), shown, "{url}");
     }
 }
+
+#[test]
+fn a_generation_names_another_position_space() {
+    let parse = |s: &str| serde_json::from_str::<SourceConfig>(s).unwrap();
+    let seed = |c: &SourceConfig| c.epoch_seed("t", 1, false);
+    let kafka = r#"{"kind":"kafka","brokers":"b","topics":["t"]}"#;
+    let kafka_0 = r#"{"kind":"kafka","brokers":"b","topics":["t"],"generation":0}"#;
+    let kafka_1 = r#"{"kind":"kafka","brokers":"b","topics":["t"],"generation":1}"#;
+    // Sources set before generations existed keep their space.
+    assert_eq!(seed(&parse(kafka)), seed(&parse(kafka_0)));
+    assert_ne!(seed(&parse(kafka)), seed(&parse(kafka_1)));
+    // Generation 0 is not shown; another is.
+    assert!(serde_json::to_value(parse(kafka_0))
+        .unwrap()
+        .get("generation")
+        .is_none());
+    assert_eq!(
+        serde_json::to_value(parse(kafka_1)).unwrap()["generation"],
+        1
+    );
+    let outbox = r#"{"kind":"postgres_outbox","database_url":"postgres://h/d","table":"o"}"#;
+    let outbox_2 =
+        r#"{"kind":"postgres_outbox","database_url":"postgres://h/d","table":"o","generation":2}"#;
+    assert_ne!(seed(&parse(outbox)), seed(&parse(outbox_2)));
+}

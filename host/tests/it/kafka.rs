@@ -478,3 +478,172 @@ async fn http_publish_into_a_kafka_tenant_goes_through_the_topic() {
     );
     h.stop().await;
 }
+
+/// A reader that falls behind the topic's retention while it runs (here its
+/// fetches fail while the brokers delete old records) must not jump ahead
+/// in silence: the records it never read are a `gap` for the channels they
+/// may have fed, before the next message.
+#[tokio::test]
+async fn kafka_records_lost_to_retention_while_reading_are_a_gap() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let (cluster, h) = live_kafka_tenant("k-retained", 1, "k-retained").await;
+    let producer = test_producer(&cluster.bootstrap_servers());
+    let mut ws = h.ws("k-retained").await;
+    ws.sub("c", 1).await;
+    produce(&producer, "k-retained", "c", 0).await;
+    assert_eq!(msgs(&mut ws, 1).await[0]["data"]["n"], 0);
+    // The reader's fetches fail for a while (each failure backs it off
+    // 500 ms), while the topic takes more than the mock brokers keep (5 MiB
+    // per partition): the record for `c` at offset 1 is deleted unread.
+    cluster.request_errors(
+        RDKafkaApiKey::Fetch,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 8],
+    );
+    produce(&producer, "k-retained", "c", 1).await;
+    let pad = vec![b'x'; 100_000];
+    for _ in 0..70 {
+        producer
+            .send(
+                FutureRecord::<(), _>::to("k-retained").payload(&pad),
+                Duration::from_secs(60),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .expect("produced");
+    }
+    use rdkafka::consumer::Consumer as _;
+    let probe: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .create()
+        .unwrap();
+    let (low, _) = probe
+        .fetch_watermarks("k-retained", 0, Duration::from_secs(5))
+        .unwrap();
+    assert!(low > 1, "the brokers still hold offset 1 (earliest {low})");
+    produce(&producer, "k-retained", "c", 2).await;
+    // What the client sees before n = 2: a gap that covers n = 1's position
+    // (offset 1 → 2000), or n = 1 itself.
+    let end = Instant::now() + 3 * WAIT;
+    let mut covered = false;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "n = 2 never arrived");
+        let Ok(m) = tokio::time::timeout(left, ws.next()).await else {
+            continue;
+        };
+        match m["op"].as_str() {
+            Some("gap") if m["ch"] == "c" => {
+                covered |= m["to"].as_u64().is_some_and(|to| to >= 2000)
+            }
+            Some("msg") if m["data"]["n"] == 1 => covered = true,
+            Some("msg") if m["data"]["n"] == 2 => break,
+            _ => {}
+        }
+    }
+    assert!(covered, "n = 1 was lost without a gap");
+    h.stop().await;
+}
+
+/// Offsets this node read that the brokers no longer have (the topic was
+/// deleted and made again; here the stored position is moved past the end)
+/// are never read over in silence: the source stalls and says why, and a
+/// new `generation` starts a new position space, which subscribers are told
+/// of by an `ack` with the new epoch.
+#[tokio::test]
+async fn kafka_a_position_past_the_topics_end_stalls_until_a_new_generation() {
+    let Ok(pg) = std::env::var("HERALD_TEST_POSTGRES_URL") else {
+        assert!(
+            std::env::var("HERALD_REQUIRE_POSTGRES").is_err(),
+            "Postgres required but not configured"
+        );
+        return;
+    };
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("k-again", 1, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let producer = test_producer(&brokers);
+    let tenant = format!("k-again{}", rand::random::<u32>());
+    let mut opts = HostOptions::new();
+    opts.config.database_url = Some(pg.clone());
+    let h = spawn_with(opts).await;
+    h.public_tenant(&tenant).await;
+    let path = format!("/admin/v1/tenants/{tenant}/source");
+    let source = |start: &str, generation: Option<u32>| {
+        let mut b = json!({"kind":"kafka","brokers":brokers,"topics":["k-again"],"start":start});
+        if let Some(g) = generation {
+            b["generation"] = json!(g);
+        }
+        b
+    };
+    let (s, v) = h
+        .admin(Method::PUT, &path, Some(source("earliest", None)))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    wait_live(&h, &tenant).await;
+    let mut ws = h.ws(&tenant).await;
+    let ack = ws.sub("c", 1).await;
+    for n in 0..3 {
+        produce(&producer, "k-again", "c", n).await;
+    }
+    assert_eq!(msgs(&mut ws, 3).await.len(), 3);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // From now on every position this node stores reads 100 (the reader
+    // stores its own when it stops).
+    let pool = sqlx::PgPool::connect(&pg).await.unwrap();
+    let past = format!("past_{}", tenant.replace('-', "_"));
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION {past}() RETURNS trigger AS $$ BEGIN \
+           IF NEW.tenant_id = '{tenant}' THEN NEW.position := '{{\"k-again:0\":100}}'; END IF; RETURN NEW; END; $$ LANGUAGE plpgsql;
+         CREATE TRIGGER {past} BEFORE INSERT OR UPDATE ON ingest_cursors FOR EACH ROW EXECUTE FUNCTION {past}();"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Another start (the same position space) starts the reader again.
+    let (s, v) = h
+        .admin(Method::PUT, &path, Some(source("latest", None)))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let deadline = Instant::now() + WAIT;
+    let health = loop {
+        let (_, v) = h.admin(Method::GET, &path, None).await;
+        if v["health"]["state"] == "stalled" {
+            break v["health"].clone();
+        }
+        assert!(Instant::now() < deadline, "read over in silence: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let why = health["last_error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("re-created") && why.contains("generation"),
+        "{health}"
+    );
+    sqlx::raw_sql(&format!(
+        "DROP TRIGGER {past} ON ingest_cursors; DROP FUNCTION {past}();"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    // The operator starts a new position space.
+    let (s, v) = h
+        .admin(Method::PUT, &path, Some(source("earliest", Some(1))))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["source"]["generation"], 1, "{v}");
+    wait_live(&h, &tenant).await;
+    let told = next_op(&mut ws, "ack", WAIT).await;
+    assert_eq!(told["ch"], "c");
+    assert_ne!(told["epoch"], ack["epoch"], "a new epoch: {told}");
+    produce(&producer, "k-again", "c", 3).await;
+    let mut seen = Vec::new();
+    while seen.last() != Some(&3) {
+        seen.extend(
+            msgs(&mut ws, 1)
+                .await
+                .iter()
+                .map(|m| m["data"]["n"].as_u64().unwrap()),
+        );
+    }
+    assert_eq!(seen, [0, 1, 2, 3], "the topic read again in its new space");
+    h.stop().await;
+}

@@ -144,9 +144,20 @@ fn resolve<C: Consumer<X>, X: ConsumerContext>(
                 // deleted the records after it) must not jump anywhere in
                 // silence: it starts at the earliest they hold, and the
                 // records between are reported (`Partitions::skipped`).
-                let (low, _) = consumer
+                let (low, high) = consumer
                     .fetch_watermarks(&p.topic, p.partition, timeout)
                     .map_err(|e| format!("watermarks of {}: {e}", key(&p.topic, p.partition)))?;
+                if o > high {
+                    // Offsets this node read are not there (a topic deleted
+                    // and made again, an unclean leader election): the
+                    // records that take them are others, and would be
+                    // dropped as re-reads. Stalled, loudly, until an
+                    // operator chooses.
+                    return Err(format!(
+                        "this node read {} up to offset {o}, but the brokers hold only up to {high}: the topic was re-created or lost records; set the source again with a higher `generation` to start a new position space",
+                        key(&p.topic, p.partition)
+                    ));
+                }
                 if o < low {
                     skipped.push((p.topic.clone(), p.partition, low));
                     (Offset::Offset(low), low)

@@ -86,7 +86,7 @@ impl Reader {
             .map_err(registry_err)?
             .as_deref()
             .and_then(Cursor::parse);
-        if stored.is_none() {
+        if stored.is_none() && self.generation == 0 {
             stored = self
                 .app
                 .registry
