@@ -195,12 +195,12 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[utoipa::path(post, path = "/v1/t/{tenant}/publish", tag = "publish", security(("publishKey" = [])),
     params(("tenant" = String, Path, description = "tenant id"),
-        ("Idempotency-Key" = Option<String>, Header, description = "cluster mode (the registry's log): a batch published again under the same key within the log's retention is answered as the first and logged once")),
+        ("Idempotency-Key" = Option<String>, Header, description = "cluster mode (the registry's log) and Kafka tenants: a batch published again under the same key (within the log's retention; on Kafka, a day) is answered as the first and written once; on Kafka, a batch answered 503 in part writes only what the brokers did not acknowledge")),
     request_body = super::doc::PublishBody,
     responses((status = 200, description = "published (or held in the conflation window); one result per item", body = super::doc::PublishAnswer),
         (status = 400, description = "bad body; nothing was published", body = super::doc::ErrorBody),
         (status = 401, description = "unknown tenant or wrong publish key", body = super::doc::ErrorBody),
-        (status = 409, description = "the tenant reads from another source, or the Idempotency-Key named a batch of another length", body = super::doc::ErrorBody),
+        (status = 409, description = "the tenant reads from another source, or the Idempotency-Key named a batch of another length or is in flight", body = super::doc::ErrorBody),
         (status = 429, description = "rate limited (Retry-After)", body = super::doc::ErrorBody),
         (status = 502, description = "the tenant's transform failed; the batch was dead-lettered", body = super::doc::ErrorBody),
         (status = 503, description = "plugin loading or busy, or the log/topic did not confirm (Retry-After)", body = super::doc::ErrorBody)))]
@@ -295,7 +295,7 @@ pub(crate) async fn publish_body(
         return Err(ApiError::RateLimited(wait));
     }
     if let Some(kafka) = kafka {
-        return produced(&kafka, tenant, &items, batch).await;
+        return produced(app, &kafka, tenant, &items, batch, key).await;
     }
     if let Some(cluster) = &app.cluster {
         return logged(cluster, tenant, &items, batch, key).await;
@@ -353,10 +353,12 @@ const READER_START_WAIT: std::time::Duration = std::time::Duration::from_secs(5)
 /// brokers acknowledged every record; every node delivers it from there at
 /// offset + 1.
 async fn produced(
+    app: &App,
     kafka: &Publisher,
     tenant: &Tenant,
     items: &[PublishItem],
     batch: bool,
+    key: Option<&str>,
 ) -> Result<Response, ApiError> {
     // Not before this node's reader knows where it starts: a record produced
     // earlier could fall before a `latest` it resolves later, and reach no
@@ -371,15 +373,114 @@ async fn produced(
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    let written = kafka.publish(&outgoing(items)).await.map_err(|e| match e {
-        ProduceError::Bad(m) => ApiError::BadRequest(m),
-        ProduceError::Unavailable(m) => ApiError::SourceUnavailable("Kafka topic", m),
-    })?;
+    let written = match key {
+        None => kafka
+            .publish(&outgoing(items))
+            .await
+            .map_err(produce_error)?,
+        Some(key) => produced_once(app, kafka, tenant, items, key).await?,
+    };
     let placed = written.iter().map(|w| {
         let at = serde_json::json!({"partition": w.partition, "offset": w.offset});
         (w.offset as u64 + 1, at)
     });
     Ok(answer(positioned(tenant, items, placed), batch))
+}
+
+fn produce_error(e: ProduceError) -> ApiError {
+    match e {
+        ProduceError::Bad(m) => ApiError::BadRequest(m),
+        ProduceError::Unavailable(m) => ApiError::SourceUnavailable("Kafka topic", m),
+    }
+}
+
+/// How long a keyed publish holds its key: past the producer's delivery
+/// timeout, so an attempt still waiting for the brokers is never joined by
+/// its retry; a process that died holding a key frees it after this.
+const RECEIPT_HOLD_MS: i64 = 30_000;
+/// How long a key is remembered: a retry comes within a day.
+const RECEIPT_KEEP_MS: i64 = 24 * 3600 * 1000;
+
+/// A keyed batch into a Kafka tenant's topic: only the items that no
+/// earlier attempt under `key` got acknowledged are produced, and what the
+/// brokers acknowledged is recorded before answering, so a retry after a
+/// lost answer or a `503` writes nothing twice. A record acknowledged in the
+/// instant the process died is not in the receipt and would be written
+/// again (the brokers' idempotence does not span producers).
+async fn produced_once(
+    app: &App,
+    kafka: &Publisher,
+    tenant: &Tenant,
+    items: &[PublishItem],
+    key: &str,
+) -> Result<Vec<crate::source::kafka::produce::Written>, ApiError> {
+    use crate::registry::Claim;
+    use crate::source::kafka::produce::Written;
+    let out = outgoing(items);
+    // Nothing is claimed for a batch that cannot be produced.
+    kafka.check(&out).map_err(produce_error)?;
+    let empty = serde_json::to_string(&vec![None::<Written>; items.len()]).unwrap_or_default();
+    let unavailable = |e: crate::registry::RegistryError| {
+        ApiError::SourceUnavailable("Kafka topic", format!("Idempotency-Key: {e}"))
+    };
+    let claimed = app
+        .registry
+        .claim_receipt(&tenant.id, key, &empty, RECEIPT_HOLD_MS, RECEIPT_KEEP_MS)
+        .await
+        .map_err(unavailable)?;
+    let stored = match claimed {
+        Claim::InFlight => {
+            return Err(ApiError::Conflict(
+                "a publish under this Idempotency-Key is still in flight; try again".into(),
+            ))
+        }
+        Claim::Ours(stored) => stored,
+    };
+    let mut slots: Vec<Option<Written>> = stored
+        .as_deref()
+        .map_or(Ok(vec![None; items.len()]), serde_json::from_str)
+        .unwrap_or_default();
+    if slots.len() != items.len() {
+        let before = stored.unwrap_or_default();
+        let _ = app.registry.settle_receipt(&tenant.id, key, &before).await;
+        return Err(ApiError::Conflict(format!(
+            "this Idempotency-Key was used for a batch of {} messages",
+            slots.len()
+        )));
+    }
+    let missing: Vec<usize> = (0..items.len()).filter(|&i| slots[i].is_none()).collect();
+    let produced = if missing.is_empty() {
+        Ok(Vec::new())
+    } else {
+        kafka.produce(&out, &missing).await
+    };
+    let mut failed = Vec::new();
+    if let Ok(each) = &produced {
+        for (&i, r) in missing.iter().zip(each) {
+            match r {
+                Ok(w) => slots[i] = Some(*w),
+                Err(e) => failed.push(format!("[{i}]: {e}")),
+            }
+        }
+    }
+    let receipt = serde_json::to_string(&slots).unwrap_or_default();
+    app.registry
+        .settle_receipt(&tenant.id, key, &receipt)
+        .await
+        .map_err(unavailable)?;
+    produced.map_err(produce_error)?;
+    if !failed.is_empty() {
+        return Err(ApiError::SourceUnavailable(
+            "Kafka topic",
+            format!(
+                "{} of {} records not acknowledged by the brokers ({}); the others were: send the batch again under the same Idempotency-Key to write only these",
+                failed.len(),
+                items.len(),
+                failed.join("; ")
+            ),
+        ));
+    }
+    Ok(slots.into_iter().flatten().collect())
 }
 
 /// Cluster mode: the batch goes into the shared log, answered once it is

@@ -11,6 +11,9 @@ use sqlx::{AnyPool, Row};
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+mod receipts;
+pub use receipts::Claim;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     #[error("{0} already exists")]
@@ -242,6 +245,10 @@ impl Registry {
         // Its readers' positions go with it: a tenant made again under the
         // same id starts afresh, never at another source's offsets.
         sqlx::query("DELETE FROM ingest_cursors WHERE tenant_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM publish_receipts WHERE tenant_id = $1")
             .bind(id)
             .execute(&mut *tx)
             .await?;

@@ -43,7 +43,28 @@ async fn exercise(reg: &Registry, prefix: &str) {
         reg.update_tenant(&record(&format!("{prefix}zz"))).await,
         Err(RegistryError::NotFound(_))
     ));
+    // A publish key: claimed once at a time, its receipt kept, then taken by
+    // the next attempt; gone with the tenant.
+    let claim = |hold| reg.claim_receipt(&a.id, "k", "[null]", hold, 60_000);
+    assert_eq!(claim(30_000).await.unwrap(), Claim::Ours(None));
+    assert_eq!(claim(30_000).await.unwrap(), Claim::InFlight);
+    reg.settle_receipt(&a.id, "k", "[1]").await.unwrap();
+    assert_eq!(claim(0).await.unwrap(), Claim::Ours(Some("[1]".into())));
+    // A hold that ran out (the attempt's process died) is taken over.
+    assert_eq!(claim(0).await.unwrap(), Claim::Ours(Some("[1]".into())));
+    // Past the keep, a key is new again.
+    assert_eq!(
+        reg.claim_receipt(&a.id, "k", "[null]", 0, -1)
+            .await
+            .unwrap(),
+        Claim::Ours(None)
+    );
     reg.delete_tenant(&a.id).await.unwrap();
+    assert_eq!(
+        claim(0).await.unwrap(),
+        Claim::Ours(None),
+        "deleted with the tenant"
+    );
     assert!(matches!(
         reg.delete_tenant(&a.id).await,
         Err(RegistryError::NotFound(_))

@@ -23,6 +23,7 @@ mod plugins_lanes;
 mod plugins_output;
 mod positions;
 mod protections;
+mod publish_retries;
 mod pubsub;
 mod readme;
 mod resume;

@@ -27,7 +27,7 @@ use std::time::Duration;
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the brokers stored a record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Written {
     pub topic_index: usize,
     pub partition: i32,
@@ -165,10 +165,36 @@ impl Publisher {
 
     /// Produces every item and waits for the brokers; the positions in order.
     pub async fn publish(&self, items: &[Outgoing<'_>]) -> Result<Vec<Written>, ProduceError> {
+        let all: Vec<usize> = (0..items.len()).collect();
+        let each = self.produce(items, &all).await?;
+        let failed: Vec<String> = each
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.as_ref().err().map(|e| format!("[{i}]: {e}")))
+            .collect();
+        if !failed.is_empty() {
+            return Err(ProduceError::Unavailable(format!(
+                "{} of {} records not acknowledged by the brokers ({}); the others were",
+                failed.len(),
+                items.len(),
+                failed.join("; ")
+            )));
+        }
+        Ok(each.into_iter().flatten().collect())
+    }
+
+    /// Produces the items of `items` at the indexes `which` (all of them
+    /// checked first) and waits for the brokers: for each, in `which`'s
+    /// order, where it was stored or why it was not acknowledged.
+    pub async fn produce(
+        &self,
+        items: &[Outgoing<'_>],
+        which: &[usize],
+    ) -> Result<Vec<Result<Written, String>>, ProduceError> {
         self.check(items)?;
         let producer = self.producer()?;
-        let mut pending = Vec::with_capacity(items.len());
-        for item in items {
+        let mut pending = Vec::with_capacity(which.len());
+        for item in which.iter().map(|&i| &items[i]) {
             let topic_index = self.topic_of(item)?;
             let topic = &self.topics[topic_index];
             let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(item.payload);
@@ -195,32 +221,32 @@ impl Publisher {
                     value: Some(ch.as_bytes()),
                 }));
             }
+            // A record the producer refused to queue is that record's
+            // failure: the ones queued before it may still be written.
             let delivery = producer
                 .send_result(record)
-                .map_err(|(e, _)| ProduceError::Unavailable(format!("kafka: {e}")))?;
+                .map_err(|(e, _)| format!("kafka: {e}"));
             pending.push((topic_index, delivery));
         }
-        let mut written = Vec::with_capacity(pending.len());
-        let mut failed = Vec::new();
-        for (i, (topic_index, delivery)) in pending.into_iter().enumerate() {
-            match delivery.await {
-                Ok(Ok(d)) => written.push(Written {
+        let mut each = Vec::with_capacity(pending.len());
+        for (topic_index, delivery) in pending {
+            let delivery = match delivery {
+                Ok(d) => d,
+                Err(e) => {
+                    each.push(Err(e));
+                    continue;
+                }
+            };
+            each.push(match delivery.await {
+                Ok(Ok(d)) => Ok(Written {
                     topic_index,
                     partition: d.partition,
                     offset: d.offset,
                 }),
-                Ok(Err((e, _))) => failed.push(format!("[{i}]: {e}")),
-                Err(_) => failed.push(format!("[{i}]: the producer went away")),
-            }
+                Ok(Err((e, _))) => Err(e.to_string()),
+                Err(_) => Err("the producer went away".to_string()),
+            });
         }
-        if !failed.is_empty() {
-            return Err(ProduceError::Unavailable(format!(
-                "{} of {} records not acknowledged by the brokers ({}); the others were",
-                failed.len(),
-                items.len(),
-                failed.join("; ")
-            )));
-        }
-        Ok(written)
+        Ok(each)
     }
 }
