@@ -172,6 +172,38 @@ async fn a_resume_on_a_forgotten_channel_reports_the_gap() {
     h.stop().await;
 }
 
+/// The server's own sweeper (every 10 s) drops a channel whose history
+/// expired and that nobody reads: a client that saw S before and resumes
+/// after it must be told of the rows it missed, not answered as if there
+/// were none.
+#[tokio::test]
+async fn a_resume_after_the_sweeper_dropped_the_channel_reports_the_gap() {
+    let body = json!({"limits":{"history_ttl_ms":200}});
+    let Some((pool, table, h)) = outbox_tenant("rs-swept", body).await else {
+        return;
+    };
+    let (epoch, first, mut ws) = saw_one(&h, &pool, &table, "rs-swept").await;
+    ws.send(json!({"op":"unsub","ch":"c","id":2})).await;
+    assert_eq!(ws.next().await["op"], "ack");
+    let missed = three_more(&h, &pool, &table, "rs-swept").await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(25);
+    loop {
+        let (_, v) = h
+            .admin(Method::GET, "/admin/v1/tenants/rs-swept", None)
+            .await;
+        if v["channels"] == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sweeper never dropped the channel: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    resume_accounts_for(&mut ws, (&pool, &table), (&epoch, first), &missed).await;
+    h.stop().await;
+}
+
 /// An SSE stream of two channels cut in the middle of its replay, resumed as
 /// EventSource does (the last `id:` received): every message of both
 /// channels arrives once. A channel's position in `id:` may advance only when
