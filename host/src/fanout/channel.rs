@@ -244,10 +244,12 @@ impl Channel {
     /// source): an `ack` without an id restates the subscription. Floors of
     /// the old epoch mean nothing in the new one.
     pub(super) fn announce_epoch(&mut self) {
-        for s in self.subscribers.values_mut() {
+        let lasts = self.subscriber_lasts();
+        for (s, head) in self.subscribers.values_mut().zip(lasts) {
             s.floor = 0;
             s.pending = PendingSlot::NONE;
-            let head = self.untagged_last;
+            // Each session's own last position: an audience's variants
+            // carry their own `prev`.
             let json = proto::encode_ack(None, Some((&self.name, self.epoch, head)));
             s.handle.deliver_ctrl("ack", &json);
         }

@@ -188,13 +188,12 @@ impl Hub {
         if let Some((since, epoch)) = resume {
             let same_epoch = epoch.is_none_or(|e| e == c.epoch);
             // The positions after which the client wants everything.
-            let since = match (same_epoch, c.shared_epoch) {
-                (false, _) => 0,
-                (true, true) => since,
-                // This node's own numbers: a position past them is not ours.
-                (true, false) if since > c.seq => 0,
-                (true, false) => since,
-            };
+            let since = if same_epoch { since } else { 0 };
+            // A rebased epoch is derived from where the rebase happened, so
+            // nodes that read the same records name them alike in it; a
+            // position past this node's is one it has not read yet, as on
+            // the shared epoch: it defers to its reader (the floor).
+            let ahead = same_epoch && !c.shared_epoch && since > c.seq;
             let frames: Vec<&Arc<Published>> = c
                 .history
                 .iter()
@@ -212,8 +211,12 @@ impl Hub {
             // before it known here, `prev` 0) leaves (since, first) unknown
             // when the node may have read there before it knew the channel
             // (with another epoch too: `since` is 0 then).
-            if c.shared_epoch && missing == 0 {
-                let several = self.several.load(Ordering::Acquire);
+            let several = self.several.load(Ordering::Acquire);
+            // A rebased epoch of one stream (a late record's) names the
+            // positions up to its rebase as the shared one did: what this
+            // node forgot of them is unknown too.
+            let rebased_here = c.rebased && !several && known.is_some();
+            if (c.shared_epoch || rebased_here) && missing == 0 {
                 match (known, frames.first()) {
                     (Some(k), _) if k <= since => {}
                     // One stream: everything up to where the channel's
@@ -235,7 +238,7 @@ impl Hub {
                 }
             }
             let floor = since.max(missing);
-            if c.shared_epoch {
+            if c.shared_epoch || ahead {
                 sub.floor = floor;
             }
             result.head = head.max(floor);
