@@ -324,6 +324,7 @@ impl Channel {
         &mut self,
         at: Option<At>,
         also: &[At],
+        below: u64,
         report: &mut PublishReport,
     ) -> Result<u64, Duplicate> {
         if at.is_some_and(|at| !self.mark(at)) {
@@ -336,7 +337,10 @@ impl Channel {
             return Ok(self.seq + 1);
         };
         let derived = at.seq();
-        if derived > self.seq {
+        // The channel's last position, or what a late record comes below
+        // (`below`: read before it, on any channel).
+        let base = self.seq.max(below);
+        if derived > base {
             return Ok(derived);
         }
         report.rebased = true;
@@ -348,11 +352,11 @@ impl Channel {
             // nodes whose channel was in the same state agree on it, and a
             // client holding the old epoch's numbers gets a gap, never
             // another numbering's positions.
-            self.epoch = rebased_epoch(self.epoch, self.seq, at);
+            self.epoch = rebased_epoch(self.epoch, base, at);
             self.shared_epoch = false;
             self.announce_epoch();
         }
-        Ok(self.seq + 1)
+        Ok(base + 1)
     }
 
     /// Encodes `variants` at `seq`: each tagged variant with its audience's

@@ -296,6 +296,14 @@ pub struct Hub {
     start: AtomicU64,
     /// The highest position this node's reader has read (`start` at least).
     read: AtomicU64,
+    /// Records after this order (one stream) were never read by an earlier
+    /// process of this node (`read_after`): one of them numbered below what
+    /// was read before it is a late record. `None`: not known (no check).
+    after: Mutex<Option<(u64, u64)>>,
+    /// The highest position published in reading order by this process, or
+    /// what its start says was read before: a late record comes below it.
+    /// (`read` moves a whole batch ahead of its records.)
+    ordered: AtomicU64,
     /// The first stream read (+1; 0: none yet), and whether another was:
     /// with several streams, `read` is the highest of unrelated number
     /// spaces, so it says nothing exact about any one channel's stream.
@@ -315,6 +323,8 @@ impl Default for Hub {
             seed: Mutex::new(None),
             start: AtomicU64::new(UNKNOWN),
             read: AtomicU64::new(0),
+            after: Mutex::new(None),
+            ordered: AtomicU64::new(0),
             stream: AtomicU64::new(0),
             several: std::sync::atomic::AtomicBool::new(false),
             skipped: std::sync::atomic::AtomicBool::new(false),
@@ -413,7 +423,23 @@ impl Hub {
         let chan = self.channel(m.channel);
         let mut c = chan.lock();
         let mut report = PublishReport::default();
-        let seq = c.position(m.at, also, &mut report)?;
+        // A late record (one stream: an outbox row whose transaction drew
+        // its id before rows already read and committed after them, and
+        // after this process began) comes below positions a client may hold
+        // even on a channel this node made only now: it rebases past what
+        // was read before it, as the channel would had it been here all along.
+        let late_past = match m.at {
+            Some(at) if !self.several.load(Ordering::Acquire) => {
+                let ordered = self.ordered.load(Ordering::Acquire);
+                let new = self.after.lock().is_some_and(|o| at.pos.order > o);
+                (new && at.seq() <= ordered).then_some(ordered)
+            }
+            _ => None,
+        };
+        let seq = c.position(m.at, also, late_past.unwrap_or(0), &mut report)?;
+        if let Some(at) = m.at {
+            self.ordered.fetch_max(at.seq(), Ordering::AcqRel);
+        }
         let key: Option<Arc<str>> = m.key.map(Into::into);
         let frames = c.encode(seq, key.as_ref(), &m.variants, now_ms);
         c.sent(seq, &m.variants);

@@ -35,6 +35,7 @@ impl Hub {
             self.skipped.store(true, Ordering::Release);
         }
         let at = upto(number);
+        self.ordered.fetch_max(at, Ordering::AcqRel);
         let _ = self
             .start
             .compare_exchange(UNKNOWN, at, Ordering::AcqRel, Ordering::Acquire);
@@ -113,6 +114,15 @@ impl Hub {
             }
             c.forgotten_last = c.forgotten_last.max(k);
         }
+    }
+
+    /// The reader (of one stream) starts after `order`: records past it were
+    /// never read by an earlier process of this node, and one numbered below
+    /// what was read before it is late (see `publish_at`). Records at or
+    /// below it that come again (a crash re-reads what a conflation window
+    /// held) are not.
+    pub fn read_after(&self, order: (u64, u64)) {
+        *self.after.lock() = Some(order);
     }
 
     /// Whether the reader has said where it starts.
@@ -296,6 +306,8 @@ impl Hub {
         }
         self.start.store(UNKNOWN, Ordering::Release);
         self.read.store(0, Ordering::Release);
+        *self.after.lock() = None;
+        self.ordered.store(0, Ordering::Release);
         self.stream.store(0, Ordering::Release);
         self.several.store(false, Ordering::Release);
         self.skipped.store(false, Ordering::Release);

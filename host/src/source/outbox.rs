@@ -317,6 +317,13 @@ impl Reader {
             }
         };
         self.tenant.hub.reading_from(read.max(0) as u64, 1, fresh);
+        // Rows after the last one an earlier process delivered (or after
+        // where a new node begins) are new here: a late one among them is
+        // told apart from a re-read (`Hub::read_after`). Not for a cursor
+        // taken over from a Herald that delivered in id order.
+        if cursor.legacy.is_none() {
+            self.tenant.hub.read_after(cursor.last_read());
+        }
         self.past_pruned(pool, &mut cursor, &key, &mut Vec::new())
             .await?;
         let mut last_progress = Instant::now();

@@ -149,6 +149,56 @@ async fn a_resume_after_a_restart_reports_what_the_node_forgot() {
     h.stop().await;
 }
 
+/// A late row: a transaction drew id 1, another that began writing before
+/// it inserted id 2 and committed; the node read id 2 (the client saw it),
+/// restarted, and only then did id 1 commit. On the restarted node the row
+/// comes below what it read before (its channels are gone): it must reach
+/// the client that resumes from id 2, not sit below its position.
+#[tokio::test]
+async fn a_row_committed_late_across_a_restart_reaches_a_resuming_client() {
+    let Some((pool, table, h)) = outbox_tenant("rs-late", json!({})).await else {
+        return;
+    };
+    let mut ws = h.ws("rs-late").await;
+    let epoch = ws.sub("c", 1).await["epoch"].clone();
+    // `early` takes its xid first; `late` draws id 1 after it, under a
+    // later xid; `early` inserts id 2 and commits; `late` stays open.
+    let mut early = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *early)
+        .await
+        .unwrap();
+    let mut late = pool.begin().await.unwrap();
+    let sql =
+        format!("INSERT INTO {table} (channel, payload) VALUES ('c', $1::jsonb) RETURNING id");
+    let row = |n: u64| sqlx::query_scalar::<_, i64>(&sql).bind(json!({ "n": n }).to_string());
+    let id_late = row(1).fetch_one(&mut *late).await.unwrap();
+    let id_early = row(2).fetch_one(&mut *early).await.unwrap();
+    assert!(id_late < id_early);
+    early.commit().await.unwrap();
+    let m = next_op(&mut ws, "msg", WAIT).await;
+    assert_eq!(
+        (m["data"]["n"].as_u64(), m["seq"].as_i64()),
+        (Some(2), Some(seq(id_early)))
+    );
+    drop(ws);
+    let h = h.restart().await;
+    wait_live(&h, "rs-late").await;
+    late.commit().await.unwrap();
+    read(&h, "rs-late", 1).await;
+    let mut ws = h.ws("rs-late").await;
+    ws.send(json!({"op":"sub","ch":"c","id":9,"since":seq(id_early),"epoch":epoch}))
+        .await;
+    let ack = ws.next().await;
+    assert_eq!(ack["op"], "ack", "{ack}");
+    // Row 1 arrives: on a new epoch (its positions are not the old one's),
+    // which the client sees and reports as a gap.
+    let m = next_op(&mut ws, "msg", WAIT).await;
+    assert_eq!(m["data"]["n"], 1, "{m}");
+    assert_ne!(ack["epoch"], epoch, "{ack}");
+    h.stop().await;
+}
+
 /// With `history_size: 0` a channel is dropped at its last unsubscribe: a
 /// resume then finds a channel that knows nothing of the rows published
 /// before it was dropped, and must say so.

@@ -149,11 +149,6 @@ fn run(source: Source, ops: &[Op]) {
             Op::Late { .. } => {}
             Op::Read { node, n } => w.read_on(node, n),
             Op::Store { node } => w.store(node),
-            // Known limit (ARCHITECTURE.md, "Positions"): a late record
-            // read by a node whose channel was made after it had read past
-            // the record's number (a restart, a sweep that left no tomb)
-            // is published below positions a client may hold.
-            Op::Restart { .. } | Op::DropTombs { .. } if source == Source::Outbox => {}
             Op::Restart { node, graceful } => w.restart(node, graceful),
             Op::Sweep { node, ms } => w.sweep(node, ms),
             Op::DropTombs { node } => w.drop_tombs(node),

@@ -187,3 +187,43 @@ fn the_same_source_again_keeps_positions_and_marks() {
     let view = hub.history("a", 0, 10, LIMITS, 0).unwrap();
     assert_eq!((view.epoch, view.head), (shared_epoch(42, "a"), 3_000));
 }
+
+/// A restarted node whose reader resumes after order 11 (it read up to
+/// record 11 before): a record re-read at or below that order (a conflation
+/// window held it at the crash) keeps its position; a late record after it
+/// (an id drawn before 11, committed after the restart) rebases past what
+/// was read, on a channel the node only now makes, as one that had been
+/// here all along would — never below positions a client may hold.
+#[test]
+fn a_late_record_after_a_restart_rebases_and_a_reread_does_not() {
+    let pos = |order: u64, number: u64| {
+        Some(At {
+            pos: SourcePos {
+                stream: 0,
+                order: (order, 0),
+                number,
+            },
+            index: 0,
+        })
+    };
+    let hub = sourced(11);
+    hub.read_after((11, 0));
+    hub.read_to(0, 10);
+    let (seq, report) = hub
+        .publish_at(&msg("a", pos(10, 10), &ONE), &[], LIMITS, 0)
+        .unwrap();
+    assert_eq!((seq, report.rebased), (10000, false), "a re-read");
+    hub.read_to(0, 4);
+    let (seq, report) = hub
+        .publish_at(&msg("b", pos(12, 4), &ONE), &[], LIMITS, 0)
+        .unwrap();
+    assert_eq!((seq, report.rebased), (12000, true), "a late record");
+    let s = session();
+    let epoch = shared_epoch(42, "b");
+    let r = hub.subscribe("b", &s, Some((11000, Some(epoch))), LIMITS, 0, |_, _| {});
+    assert_ne!(
+        r.epoch, epoch,
+        "another epoch: the client's positions do not hold"
+    );
+    assert_eq!(msgs(&s), [(12000, 0)], "the late record is sent");
+}

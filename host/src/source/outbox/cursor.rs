@@ -18,6 +18,10 @@ pub(super) struct Cursor {
     /// The highest id delivered through this cursor; `None` when it was
     /// stored by a Herald that did not keep it.
     pub(super) read: Option<i64>,
+    /// A cursor stored behind rows a conflation window held: the last row
+    /// delivered (`xid`, `id`). Rows up to it that come again are re-reads;
+    /// rows after it are new to the node (`Hub::read_after`).
+    pub(super) upto: Option<(u64, i64)>,
 }
 
 /// A cursor taken over from an older Herald, which stored a bare id: rows of
@@ -44,6 +48,7 @@ impl Cursor {
         id: 0,
         legacy: None,
         read: Some(0),
+        upto: None,
     };
 
     /// `xid:id`, `xid:id:read`, `xid:id:after_id:until_xid` (taking over),
@@ -53,6 +58,14 @@ impl Cursor {
         if let Ok(id) = s.parse() {
             return Some(Stored::BareId(id));
         }
+        // `…/xid:id`: the last row delivered, past a held-back cursor.
+        let (s, upto) = match s.split_once('/') {
+            Some((s, u)) => {
+                let (x, i) = u.split_once(':')?;
+                (s, Some((x.parse().ok()?, i.parse().ok()?)))
+            }
+            None => (s, None),
+        };
         let p: Vec<&str> = s.split(':').collect();
         let (xid, id) = (p.first()?.parse().ok()?, p.get(1)?.parse().ok()?);
         let legacy = || -> Option<Legacy> {
@@ -73,18 +86,29 @@ impl Cursor {
             id,
             legacy,
             read,
+            upto,
         }))
     }
 
     pub(super) fn encode(&self) -> String {
         let read = self.read.map(|r| format!(":{r}")).unwrap_or_default();
+        let upto = self
+            .upto
+            .map(|(x, i)| format!("/{x}:{i}"))
+            .unwrap_or_default();
         match self.legacy {
-            None => format!("{}{read}", self.shown()),
+            None => format!("{}{read}{upto}", self.shown()),
             Some(l) => format!(
-                "{}:{}:{}:{}{read}",
+                "{}:{}:{}:{}{read}{upto}",
                 self.xid, self.id, l.after_id, l.until_xid
             ),
         }
+    }
+
+    /// The last row delivered before this cursor was stored (its order).
+    pub(super) fn last_read(&self) -> (u64, u64) {
+        let (x, i) = self.upto.unwrap_or((self.xid, self.id));
+        (x, i.max(0) as u64)
     }
 
     /// `xid:id`, as the health shows it.
@@ -100,6 +124,7 @@ impl Cursor {
             id,
             legacy: self.legacy.filter(|l| xid < l.until_xid),
             read: self.read.map(|r| r.max(id)),
+            upto: None,
         }
     }
 }
@@ -115,6 +140,7 @@ mod tests {
             id: 41,
             legacy: None,
             read: None,
+            upto: None,
         };
         assert_eq!(c.encode(), "812:41");
         assert_eq!(Cursor::parse("812:41"), Some(Stored::Current(c)));
@@ -158,5 +184,21 @@ mod tests {
         assert_eq!(older.legacy, c.legacy);
         let newer = older.past(900, 42);
         assert_eq!((newer.xid, newer.id, newer.legacy), (900, 42, None));
+    }
+
+    #[test]
+    fn a_held_back_cursor_keeps_the_last_row_read() {
+        let c = Cursor {
+            xid: 900,
+            id: 6,
+            legacy: None,
+            read: Some(9),
+            upto: Some((905, 9)),
+        };
+        assert_eq!(c.encode(), "900:6:9/905:9");
+        assert_eq!(Cursor::parse("900:6:9/905:9"), Some(Stored::Current(c)));
+        assert_eq!(c.last_read(), (905, 9));
+        assert_eq!(c.past(906, 10).upto, None, "a row delivered moves past it");
+        assert_eq!(Cursor::parse("900:6:9/905"), None);
     }
 }

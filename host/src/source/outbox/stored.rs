@@ -51,6 +51,7 @@ impl Reader {
             id,
             legacy: None,
             read: Some(cursor.read.unwrap_or(0).max(max_id)),
+            upto: cursor.upto.filter(|&u| u > (xid, id)),
         };
         self.store_cursor(key, cursor).await?;
         {
@@ -135,6 +136,7 @@ impl Reader {
                             id,
                             legacy: None,
                             read: Some(id),
+                            upto: None,
                         }
                     }
                     None => Cursor::START,
@@ -184,6 +186,7 @@ impl Reader {
                 id,
                 legacy: None,
                 read: Some(id),
+                upto: None,
             })),
             None => Ok(Some(Cursor::START)),
         }
@@ -217,6 +220,9 @@ impl Reader {
                     id: id as i64 - 1,
                     legacy: None,
                     read: last.read,
+                    // Rows up to the last one delivered come again after a
+                    // crash as re-reads, not as late rows.
+                    upto: Some(last.upto.unwrap_or((last.xid, last.id))),
                 }
             }
             _ => last,

@@ -143,10 +143,13 @@ fn space_of(epochs: &HashMap<u64, u32>, epoch: u64, channel: &str, spaces: u32) 
         .expect("an epoch of one of the sources")
 }
 
-fn hub(streams: usize, stored_read: u64, space: u32) -> Hub {
+/// A node's hub as its reader starts: after the stored cursor, whose last
+/// record read has order `after` (what comes after it is new to the node).
+fn hub(streams: usize, stored_read: u64, space: u32, after: u64) -> Hub {
     let h = Hub::default();
     h.new_source(Some(SEED + space as u64));
     h.reading_from(stored_read, streams, false);
+    h.read_after((after, 0));
     h
 }
 
@@ -163,7 +166,7 @@ impl World {
             streams,
             nodes: (0..NODES)
                 .map(|_| Node {
-                    hub: hub(streams, 0, 0),
+                    hub: hub(streams, 0, 0, 0),
                     pos: 0,
                     read: 0,
                     stored: (0, 0),
@@ -198,6 +201,7 @@ impl World {
         for nd in self.nodes.iter_mut() {
             nd.hub.new_source(Some(seed));
             nd.hub.reading_from(0, self.streams, false);
+            nd.hub.read_after((self.orders[0], 0));
             nd.pos = self.log.len();
             nd.read = 0;
             nd.stored = (nd.pos, 0);
@@ -348,7 +352,13 @@ impl World {
         if graceful {
             nd.stored = (nd.pos, nd.read);
         }
-        nd.hub = hub(self.streams, nd.stored.1, self.space);
+        let after = self.log[..nd.stored.0]
+            .iter()
+            .filter(|r| r.stream == 0)
+            .map(|r| r.order)
+            .max()
+            .unwrap_or(0);
+        nd.hub = hub(self.streams, nd.stored.1, self.space, after);
         nd.pos = nd.stored.0;
         nd.read = nd.stored.1;
     }
