@@ -348,6 +348,9 @@ impl Reader {
     /// where `start` says), the positions stored at once: from then on a
     /// partition without a stored position is known to be new.
     async fn connect(&self) -> Result<Link, String> {
+        // Checked on every start, not only when the source was set: a source
+        // stored by an older Herald stalls with the reason, unstarted.
+        self.options.check()?;
         let group = format!("herald-{}-{}", self.tenant.id, self.app.config.node_id);
         let ctx = Ctx {
             tenant: self.tenant.clone(),

@@ -315,11 +315,12 @@ async fn kafka_options_reach_librdkafka_and_secrets_never_show() {
         assert_eq!(s, 400, "{name}: {v}");
         assert!(message(&v).contains(&format!("\"{name}\"")), "{v}");
     }
-    // librdkafka refuses what it does not know, and bad values, in its words.
+    // Herald refuses what is not on its list; librdkafka bad values, in its
+    // words.
     let (s, v) = put(json!({"no.such.property": "1"})).await;
     assert_eq!(s, 400, "{v}");
     assert!(
-        message(&v).contains("No such configuration property"),
+        message(&v).contains("not an option a tenant may set"),
         "{v}"
     );
     let (s, v) = put(json!({"security.protocol": "carrier_pigeon"})).await;

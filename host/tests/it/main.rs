@@ -11,6 +11,7 @@ mod dashboard;
 mod frontdoor;
 mod helpers;
 mod kafka;
+mod kafka_options;
 mod lifecycle;
 mod limits;
 mod openapi;

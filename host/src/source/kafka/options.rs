@@ -1,12 +1,17 @@
 //! librdkafka options a tenant gives its Kafka source (TLS, SASL, tuning).
 //!
 //! Owns: which options a tenant may set, which of them are secrets, and how
-//! they are shown. Invariants: options Herald itself relies on (the group it
-//! never joins, where positions are kept, the brokers, the fetch-queue bound)
-//! are refused by name, never silently overridden; a secret's value goes to
-//! the registry and to librdkafka only — API answers, logs and `Debug` show
-//! `***`. Unknown options and bad values are librdkafka's to refuse (client
-//! creation fails with its own message).
+//! they are shown. Invariants: only options on the allowlist (`ALLOWED`:
+//! security protocol, SASL, PEM bodies, verification, client id, timeouts)
+//! reach librdkafka; nothing a tenant sets makes the server load code, run a
+//! command or read a file (`ssl.providers`, `ssl.engine.location`,
+//! `plugin.library.paths`, every `*.location`, Kerberos' `kinit`). Options
+//! Herald itself relies on (the group it never joins, where positions are
+//! kept, the brokers, the fetch-queue bound) are refused by name, never
+//! silently overridden. The check runs when a source is set and again
+//! whenever a stored one starts. A secret's value goes to the registry and
+//! to librdkafka only — API answers, logs and `Debug` show `***`. Bad values
+//! of allowed options are librdkafka's to refuse, in its words.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -50,10 +55,58 @@ const OWNED: &[(&str, &str)] = &[
         "queued.max.messages.kbytes",
         "it bounds the memory a tenant's fetch queue may take",
     ),
-    (
-        "plugin.library.paths",
-        "it would load code into Herald's process",
-    ),
+];
+
+/// What a tenant may set: how Herald's clients reach and trust its brokers,
+/// and how patient they are. Values are given inline (PEM bodies, not files).
+const ALLOWED: &[&str] = &[
+    "security.protocol",
+    "client.id",
+    "client.rack",
+    "client.dns.lookup",
+    // SASL: PLAIN, SCRAM, OAUTHBEARER (OIDC). Not GSSAPI: Kerberos runs a
+    // `kinit` command and reads a keytab file.
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "sasl.password",
+    "sasl.oauthbearer.method",
+    "sasl.oauthbearer.client.id",
+    "sasl.oauthbearer.client.secret",
+    "sasl.oauthbearer.scope",
+    "sasl.oauthbearer.extensions",
+    "sasl.oauthbearer.token.endpoint.url",
+    // TLS, every key and certificate inline.
+    "ssl.ca.pem",
+    "ssl.certificate.pem",
+    "ssl.key.pem",
+    "ssl.key.password",
+    "ssl.cipher.suites",
+    "ssl.curves.list",
+    "ssl.sigalgs.list",
+    "ssl.endpoint.identification.algorithm",
+    "enable.ssl.certificate.verification",
+    // Timeouts, retries and fetch tuning.
+    "socket.timeout.ms",
+    "socket.connection.setup.timeout.ms",
+    "socket.keepalive.enable",
+    "connections.max.idle.ms",
+    "reconnect.backoff.ms",
+    "reconnect.backoff.max.ms",
+    "retry.backoff.ms",
+    "retry.backoff.max.ms",
+    "request.timeout.ms",
+    "session.timeout.ms",
+    "metadata.max.age.ms",
+    "topic.metadata.refresh.interval.ms",
+    "fetch.wait.max.ms",
+    "fetch.min.bytes",
+    "fetch.max.bytes",
+    "max.partition.fetch.bytes",
+    "fetch.error.backoff.ms",
+    "api.version.request",
+    "api.version.request.timeout.ms",
+    "broker.version.fallback",
 ];
 
 /// Whether the option's value is a credential or a key (never shown).
@@ -80,12 +133,19 @@ impl KafkaOptions {
         self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
-    /// Refuses what a tenant may not set: an option Herald owns, or a secret
-    /// sent back as the `***` an answer showed in its place.
+    /// Refuses what a tenant may not set: an option Herald owns, one that is
+    /// not on the allowlist, or a secret sent back as the `***` an answer
+    /// showed in its place.
     pub fn check(&self) -> Result<(), String> {
         for (name, value) in self.iter() {
             if let Some((_, why)) = OWNED.iter().find(|(o, _)| *o == name) {
                 return Err(format!("options: {name:?} is set by Herald ({why})"));
+            }
+            if !ALLOWED.contains(&name) {
+                return Err(format!(
+                    "options: {name:?} is not an option a tenant may set (accepted: {})",
+                    ALLOWED.join(", ")
+                ));
             }
             if is_secret(name) && value == REDACTED {
                 return Err(format!(
@@ -191,6 +251,29 @@ mod tests {
         );
         let e = options(r#"{"sasl.password":"***"}"#).check().unwrap_err();
         assert!(e.contains("placeholder"), "{e}");
+    }
+
+    #[test]
+    fn only_listed_options_pass_and_none_names_a_file_or_code() {
+        for name in [
+            "ssl.providers",
+            "ssl.engine.location",
+            "plugin.library.paths",
+            "ssl.ca.location",
+            "sasl.kerberos.kinit.cmd",
+            "debug",
+        ] {
+            let e = options(&format!(r#"{{"{name}":"x"}}"#))
+                .check()
+                .unwrap_err();
+            assert!(e.contains(&format!("{name:?} is not an option")), "{e}");
+        }
+        for name in ALLOWED {
+            assert!(
+                !name.contains("location") && !name.contains("path") && !name.contains("cmd"),
+                "{name}: a file, a path or a command"
+            );
+        }
     }
 
     #[test]

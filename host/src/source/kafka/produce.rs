@@ -115,6 +115,8 @@ impl Publisher {
     fn producer(&self) -> Result<&FutureProducer, ProduceError> {
         self.producer
             .get_or_init(|| {
+                // Checked again here: a source stored by an older Herald.
+                self.options.check()?;
                 let mut c = ClientConfig::new();
                 for (k, v) in TUNING.iter().filter(|(k, _)| !k.starts_with("fetch.")) {
                     c.set(*k, *v);
