@@ -7,11 +7,16 @@
 //! over loopback to a private listener that the ordinary accept loop serves:
 //! every session, limit and refusal path is the same with and without TLS.
 //! Invariants: the front door sees the client's own address, not the
-//! bridge's (each bridge registers its loopback port before it connects,
-//! and the accept side takes that entry once); a TLS session holds three
-//! sockets (client, and both ends of the bridge), so the connection capacity
-//! derived from the open-files limit is a third of the plaintext one; a
-//! failed handshake costs nothing past its deadline.
+//! bridge's (each bridge registers its loopback address before it connects,
+//! and the accept side takes that entry once); the private listener serves
+//! only bridges (a connection from an address no bridge registered is
+//! closed unread); a TLS session holds three sockets (client, and both ends
+//! of the bridge), so the connection capacity derived from the open-files
+//! limit is a third of the plaintext one; a failed handshake costs nothing
+//! past its deadline; once either side of a bridge ends (the front door gave
+//! up on a silent client, the session closed, the client left), the other
+//! gets [`GRACE`] to finish, then both close: a client that goes silent
+//! after its handshake is held no longer than the head timeout plus that.
 //!
 //! The trade, and why: sessions are written against `TcpStream` readiness
 //! (`try_write_vectored` of queued frames, see session/writer.rs) so that an
@@ -28,8 +33,17 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio_rustls::rustls;
+
+/// How long one direction of a bridge may go on after the other ended.
+const GRACE: Duration = Duration::from_secs(2);
+/// How long a bridge waits for the private listener to take it.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Keep-alive probes on public TLS sockets: a peer that vanished without a
+/// word is found within minutes, not hours.
+const KEEPALIVE: Duration = Duration::from_secs(60);
 
 /// The server's certificate chain and key, read and checked at start.
 pub fn load(cert: &Path, key: &Path) -> anyhow::Result<Arc<rustls::ServerConfig>> {
@@ -60,14 +74,20 @@ pub fn load(cert: &Path, key: &Path) -> anyhow::Result<Arc<rustls::ServerConfig>
 /// with each bridge's client address restored.
 pub struct TlsFront {
     internal: TcpListener,
-    peers: Arc<Mutex<HashMap<u16, SocketAddr>>>,
+    peers: Arc<Mutex<HashMap<SocketAddr, SocketAddr>>>,
 }
 
 impl super::accept::Accept for TlsFront {
     async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
-        let (stream, bridge) = self.internal.accept().await?;
-        let peer = self.peers.lock().remove(&bridge.port()).unwrap_or(bridge);
-        Ok((stream, peer))
+        loop {
+            let (stream, bridge) = self.internal.accept().await?;
+            // Only a bridge of this process: anything else on loopback that
+            // found the port is dropped unread.
+            if let Some(peer) = self.peers.lock().remove(&bridge) {
+                return Ok((stream, peer));
+            }
+            crate::metrics::accept_error("tls_unknown_bridge");
+        }
     }
 }
 
@@ -93,8 +113,9 @@ async fn terminate(
     public: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     to: SocketAddr,
-    peers: Arc<Mutex<HashMap<u16, SocketAddr>>>,
+    peers: Arc<Mutex<HashMap<SocketAddr, SocketAddr>>>,
 ) {
+    let mut backoff = Duration::from_millis(5);
     let handshakes = Arc::new(tokio::sync::Semaphore::new(
         app.config.max_pending_connections.max(1),
     ));
@@ -110,18 +131,36 @@ async fn terminate(
         let (tcp, peer) = tokio::select! {
             _ = app.accepting.cancelled() => return,
             r = public.accept() => match r {
-                Ok(c) => c,
+                Ok(c) => {
+                    backoff = Duration::from_millis(5);
+                    c
+                }
                 Err(e) => {
+                    // As the plain accept loop: out of descriptors (or
+                    // memory) is not retried in a spin.
                     tracing::debug!(error = %e, "TLS accept failed");
                     crate::metrics::accept_error("tls");
-                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    tokio::select! {
+                        _ = app.accepting.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
                 }
             },
         };
         let (acceptor, peers) = (acceptor.clone(), peers.clone());
+        let send_buffer = app.config.socket_send_buffer;
         app.tracker.spawn(async move {
             let _ = tcp.set_nodelay(true);
+            let sock = socket2::SockRef::from(&tcp);
+            let keepalive = socket2::TcpKeepalive::new()
+                .with_time(KEEPALIVE)
+                .with_interval(Duration::from_secs(10));
+            let _ = sock.set_tcp_keepalive(&keepalive);
+            if let Some(n) = send_buffer {
+                let _ = sock.set_send_buffer_size(n);
+            }
             let Ok(Ok(mut tls)) = tokio::time::timeout(deadline, acceptor.accept(tcp)).await else {
                 return;
             };
@@ -131,25 +170,48 @@ async fn terminate(
     }
 }
 
-/// Carries one TLS connection's plaintext to the private listener and back.
+/// Carries one TLS connection's plaintext to the private listener and back,
+/// until either side ends and the other has had its grace.
 async fn bridge(
     tls: &mut tokio_rustls::server::TlsStream<TcpStream>,
     peer: SocketAddr,
     to: SocketAddr,
-    peers: &Mutex<HashMap<u16, SocketAddr>>,
+    peers: &Mutex<HashMap<SocketAddr, SocketAddr>>,
 ) -> io::Result<()> {
     let sock = TcpSocket::new_v4()?;
     sock.bind("127.0.0.1:0".parse().expect("an address"))?;
-    let port = sock.local_addr()?.port();
-    peers.lock().insert(port, peer);
-    let mut inner = match sock.connect(to).await {
-        Ok(s) => s,
-        Err(e) => {
-            peers.lock().remove(&port);
+    let local = sock.local_addr()?;
+    peers.lock().insert(local, peer);
+    let mut inner = match tokio::time::timeout(CONNECT_TIMEOUT, sock.connect(to)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            peers.lock().remove(&local);
             return Err(e);
+        }
+        Err(_) => {
+            peers.lock().remove(&local);
+            return Err(io::ErrorKind::TimedOut.into());
         }
     };
     let _ = inner.set_nodelay(true);
-    tokio::io::copy_bidirectional(tls, &mut inner).await?;
+    let (mut tls_read, mut tls_write) = tokio::io::split(tls);
+    let (mut inner_read, mut inner_write) = inner.split();
+    let up = async {
+        let r = tokio::io::copy(&mut tls_read, &mut inner_write).await;
+        let _ = inner_write.shutdown().await;
+        r
+    };
+    let down = async {
+        let r = tokio::io::copy(&mut inner_read, &mut tls_write).await;
+        let _ = tls_write.shutdown().await;
+        r
+    };
+    tokio::pin!(up, down);
+    // Copying stops at EOF or an error on either side; the other direction
+    // may still finish what it carries (a response, a close frame), briefly.
+    tokio::select! {
+        _ = &mut up => { let _ = tokio::time::timeout(GRACE, &mut down).await; }
+        _ = &mut down => { let _ = tokio::time::timeout(GRACE, &mut up).await; }
+    }
     Ok(())
 }

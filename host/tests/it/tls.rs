@@ -214,3 +214,95 @@ impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> WsOver<S> {
         }
     }
 }
+
+/// Issue 19: clients that finish the TLS handshake and then go silent, never
+/// closing, are not held for ever: once the front door gives up on them
+/// (the head timeout), the bridge closes too, within a short grace. Counted
+/// on a Herald process of its own: its open descriptors come back down.
+#[tokio::test]
+async fn silent_tls_clients_are_not_held_for_ever() {
+    let certs = tempfile::tempdir().unwrap();
+    let (cert, key) = self_signed(certs.path(), "herald");
+    let data = tempfile::tempdir().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args([
+            "--admin-token",
+            ADMIN,
+            "--log",
+            "warn",
+            "--head-timeout-secs",
+            "1",
+        ])
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .arg("--data-dir")
+        .arg(data.path())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let handshake = || async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        connector(&cert).connect(name, tcp).await.ok()
+    };
+    let deadline = tokio::time::Instant::now() + WAIT * 2;
+    loop {
+        if let Some(mut s) = handshake().await {
+            s.write_all(b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut out = Vec::new();
+            let _ = s.read_to_end(&mut out).await;
+            if out.starts_with(b"HTTP/1.1 200") {
+                break;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "herald did not start"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let before = fds();
+    let mut silent = Vec::new();
+    for _ in 0..100 {
+        silent.push(handshake().await.expect("handshake"));
+    }
+    let held = fds();
+    assert!(
+        held >= before + 100,
+        "the connections are held: {before} → {held}"
+    );
+    // The head timeout (1 s), the bridge's grace, and a margin.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(8);
+    loop {
+        let now = fds();
+        if now <= before + 5 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} descriptors still held for 100 silent clients ({before} before)",
+            now - before
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    drop(silent);
+    let _ = child.kill().await;
+}
