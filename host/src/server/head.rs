@@ -35,6 +35,8 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
+        // Exact: a whole head that arrived in one read is held to it too.
+        Ok(httparse::Status::Complete(len)) if len > MAX_HEAD_BYTES => Err(HeadError::TooLarge),
         Ok(httparse::Status::Complete(len)) => {
             let target = req.path.unwrap_or("/");
             let (path, query) = match target.split_once('?') {
@@ -214,6 +216,9 @@ mod tests {
         ));
         let mut big = b"GET / HTTP/1.1\r\nX: ".to_vec();
         big.extend(std::iter::repeat_n(b'a', MAX_HEAD_BYTES));
+        assert_eq!(parse_head(&big), Err(HeadError::TooLarge));
+        // Whole, in one read: held to the cap too.
+        big.extend_from_slice(b"\r\n\r\n");
         assert_eq!(parse_head(&big), Err(HeadError::TooLarge));
     }
 }

@@ -81,6 +81,10 @@ pub(super) async fn serve(
         // hyper 1.12 runs this from the end of a response too: a kept-alive
         // connection idle this long is closed, like one dribbling a head.
         .header_read_timeout(app.config.head_timeout)
+        // Every request's head under the front door's cap (hyper's default
+        // buffer takes ~400 KB of head on a kept-alive connection); hyper
+        // answers a larger one 431.
+        .max_buf_size(super::head::MAX_HEAD_BYTES)
         .serve_connection(io, service);
     // Without shutdown: when a request became a session, the socket must
     // come back open.

@@ -287,3 +287,39 @@ async fn metrics_can_require_a_token() {
         .contains("herald_connection_capacity"));
     h.stop().await;
 }
+
+/// Issue 19: a request head is at most 16 KiB, on the first request of a
+/// connection and on every later one of a kept-alive connection (hyper's
+/// own default took ~400 KB), and one that arrives whole in one write too.
+#[tokio::test]
+async fn request_heads_are_capped_at_16_kib_on_every_request() {
+    use tokio::io::AsyncWriteExt;
+    let h = spawn_host().await;
+    let big = |n: usize| {
+        format!(
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(n)
+        )
+    };
+    // Whole, in one write, on a first request.
+    let mut s = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    s.write_all(big(20 * 1024).as_bytes()).await.unwrap();
+    assert_eq!(read_response(&mut s).await.status, 431, "a first request");
+    // The second request of a kept-alive connection.
+    let mut s = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    s.write_all(big(10).as_bytes()).await.unwrap();
+    assert_eq!(read_response(&mut s).await.status, 200);
+    s.write_all(big(100 * 1024).as_bytes()).await.unwrap();
+    assert_eq!(
+        read_response(&mut s).await.status,
+        431,
+        "a kept-alive request"
+    );
+    // Just under the cap is fine, on both.
+    let mut s = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    s.write_all(big(15 * 1024).as_bytes()).await.unwrap();
+    assert_eq!(read_response(&mut s).await.status, 200);
+    s.write_all(big(15 * 1024).as_bytes()).await.unwrap();
+    assert_eq!(read_response(&mut s).await.status, 200);
+    h.stop().await;
+}
