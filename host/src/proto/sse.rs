@@ -10,17 +10,29 @@ use std::fmt::Write as _;
 
 /// Encodes `event: <op>` plus `data:` lines for one JSON frame, without the
 /// terminating blank line so a per-session `id:` line can follow. JSON may
-/// contain raw newlines (a pretty-printed payload); each line becomes its own
-/// `data:` line, which the client joins back with `\n`.
+/// contain raw line breaks as whitespace (a pretty-printed payload); SSE ends
+/// a line at CR, LF or CRLF, so each line, by any of them, becomes its own
+/// `data:` line, which the client joins back with `\n`: no payload can start
+/// a line the client would read as another field.
 pub fn encode_event_body(op: &str, json: &str) -> Bytes {
     let mut out = BytesMut::with_capacity(json.len() + op.len() + 16);
     out.put_slice(b"event: ");
     out.put_slice(op.as_bytes());
     out.put_u8(b'\n');
-    for line in json.split('\n') {
+    let mut rest = json;
+    loop {
+        let (line, next) = match rest.find(['\r', '\n']) {
+            Some(i) if rest[i..].starts_with("\r\n") => (&rest[..i], Some(&rest[i + 2..])),
+            Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+            None => (rest, None),
+        };
         out.put_slice(b"data: ");
-        out.put_slice(line.trim_end_matches('\r').as_bytes());
+        out.put_slice(line.as_bytes());
         out.put_u8(b'\n');
+        match next {
+            Some(n) => rest = n,
+            None => break,
+        }
     }
     out.freeze()
 }
@@ -74,6 +86,30 @@ mod tests {
     fn multi_line_json_becomes_several_data_lines() {
         let b = encode_event_body("msg", "{\n \"a\": 1\r\n}");
         assert_eq!(&b[..], b"event: msg\ndata: {\ndata:  \"a\": 1\ndata: }\n");
+    }
+
+    /// An SSE line ends at CR, LF or CRLF: a lone CR inside a payload (JSON
+    /// allows it as whitespace between tokens) must not start a line the
+    /// client reads as another field.
+    #[test]
+    fn a_lone_cr_in_a_payload_cannot_break_the_event() {
+        let json = "{\"a\":1,\r\"b\":2,\r\n\"c\":3}";
+        let b = encode_event_body("msg", json);
+        assert_eq!(
+            &b[..],
+            b"event: msg\ndata: {\"a\":1,\ndata: \"b\":2,\ndata: \"c\":3}\n"
+        );
+        // Read back as a client does (every line a field; data lines joined
+        // with LF): the payload is the same JSON, whitespace aside.
+        let text = std::str::from_utf8(&b).unwrap();
+        let lines: Vec<&str> = text.split(['\r', '\n']).filter(|l| !l.is_empty()).collect();
+        assert!(
+            lines[1..].iter().all(|l| l.starts_with("data: ")),
+            "{lines:?}"
+        );
+        let data: Vec<&str> = lines[1..].iter().map(|l| &l[6..]).collect();
+        let v: serde_json::Value = serde_json::from_str(&data.join("\n")).unwrap();
+        assert_eq!(v, serde_json::json!({"a":1,"b":2,"c":3}));
     }
 
     #[test]
