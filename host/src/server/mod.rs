@@ -174,9 +174,9 @@ fn offered_protocols(head: &RequestHead) -> impl Iterator<Item = &str> {
 }
 
 /// The token a client presented: bearer header, `herald.token.…`
-/// WebSocket subprotocol, `herald_token` cookie, or `token` query
-/// parameter. Herald passes it on and never interprets it.
-fn credentials(head: &RequestHead, query: &[(String, String)]) -> Option<String> {
+/// WebSocket subprotocol, `herald_token` cookie (when `cookie_ok`), or
+/// `token` query parameter. Herald passes it on and never interprets it.
+fn credentials(head: &RequestHead, query: &[(String, String)], cookie_ok: bool) -> Option<String> {
     if let Some(v) = head.header("authorization") {
         if let Some((scheme, token)) = v.split_once(' ') {
             if scheme.eq_ignore_ascii_case("bearer") {
@@ -198,7 +198,7 @@ fn credentials(head: &RequestHead, query: &[(String, String)]) -> Option<String>
     let cookie = head
         .headers
         .iter()
-        .filter(|(n, _)| n == "cookie")
+        .filter(|(n, _)| cookie_ok && n == "cookie")
         .flat_map(|(_, v)| v.split(';'))
         .find_map(|c| {
             let (k, v) = c.trim().split_once('=')?;
@@ -222,11 +222,37 @@ const PLUGIN_HEADERS: &[&str] = &[
     "accept-language",
 ];
 
+/// Whether a `herald_token` cookie may stand for the client: a browser
+/// sends cookies along with any page's request, so without a list of
+/// allowed origins (which the handshake checks) only a page of the server's
+/// own origin — the `Origin` naming the host the request was sent to — or a
+/// client that sends no `Origin` (not a browser) counts.
+fn cookie_counts(settings: &crate::tenant::TenantSettings, head: &RequestHead) -> bool {
+    let origin = head.header("origin");
+    if settings.check_origin(origin) != crate::tenant::OriginCheck::Any {
+        return true;
+    }
+    let Some(origin) = origin else {
+        return true;
+    };
+    let authority = origin
+        .trim()
+        .split_once("://")
+        .map_or("", |(_, rest)| rest.trim_end_matches('/'));
+    // The host the browser addressed; behind a proxy, what it forwarded
+    // (a page cannot set either on a WebSocket handshake or an EventSource).
+    ["host", "x-forwarded-host"]
+        .iter()
+        .filter_map(|h| head.header(h))
+        .any(|h| !authority.is_empty() && h.trim().eq_ignore_ascii_case(authority))
+}
+
 fn connect_request(
     tenant: &str,
     transport: &str,
     head: &RequestHead,
     peer: SocketAddr,
+    cookie_ok: bool,
 ) -> plugin::ConnectRequest {
     let query = head.query_pairs();
     plugin::ConnectRequest {
@@ -238,7 +264,7 @@ fn connect_request(
             .filter(|(n, _)| PLUGIN_HEADERS.contains(&n.as_str()))
             .cloned()
             .collect(),
-        credentials: credentials(head, &query),
+        credentials: credentials(head, &query, cookie_ok),
         query: query.into_iter().filter(|(k, _)| k != "token").collect(),
         remote_addr: peer.to_string(),
     }
@@ -288,7 +314,11 @@ async fn admit(
     let mut admitted = match check_admission(app, tenant_id)? {
         Admission::Done(a) => a,
         Admission::Authorize(slot, plugin) => {
-            let req = connect_request(tenant_id, transport, head, peer);
+            let cookie_ok = app
+                .tenants
+                .get(tenant_id)
+                .is_none_or(|t| cookie_counts(&t.settings(), head));
+            let req = connect_request(tenant_id, transport, head, peer, cookie_ok);
             authorize_connect(slot, plugin, req).await?
         }
     };

@@ -143,3 +143,67 @@ async fn bad_origins_are_refused_with_a_reason() {
     assert_eq!(s, 404);
     h.stop().await;
 }
+
+/// Issue 19: a tenant without `allowed_origins` takes a `herald_token`
+/// cookie only from a page of the server's own origin (or from a client
+/// that sends no Origin, which no browser omits on a WebSocket): another
+/// site's page must not ride on the cookie a browser sends along. Bearer,
+/// subprotocol and query credentials are what a page chose to send, and
+/// are unaffected.
+#[tokio::test]
+async fn a_cookie_credential_counts_only_from_the_servers_own_origin() {
+    use crate::plugins::{jwt, now_s, SECRET};
+    let h = spawn_host().await;
+    h.tenant(json!({"id":"ck","config":{"secret":SECRET,"default_channels":["public.*"]}}))
+        .await;
+    h.install_plugin("ck", "jwt_auth").await;
+    let token = jwt(json!({"sub":"alice","exp":now_s()+60}), SECRET);
+    let own = format!("http://{}", h.addr);
+    let upgrade = |origin: Option<&str>, cookie: bool, query: bool| {
+        let url = if query {
+            format!("{}?token={token}", h.ws_url("ck"))
+        } else {
+            h.ws_url("ck")
+        };
+        let mut req = url.into_client_request().unwrap();
+        if let Some(o) = origin {
+            req.headers_mut().insert("origin", o.parse().unwrap());
+        }
+        if cookie {
+            let c = format!("theme=dark; herald_token={token}");
+            req.headers_mut().insert("cookie", c.parse().unwrap());
+        }
+        async move {
+            match tokio_tungstenite::connect_async(req).await {
+                Ok(_) => (101, String::new()),
+                Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+                    let body = r.body().clone().unwrap_or_default();
+                    (
+                        r.status().as_u16(),
+                        String::from_utf8_lossy(&body).into_owned(),
+                    )
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    let (s, body) = upgrade(Some(EVIL), true, false).await;
+    assert_eq!(s, 403, "another site's page rode on the cookie");
+    assert!(body.contains("missing_token"), "{body}");
+    assert_eq!(
+        upgrade(Some(&own), true, false).await.0,
+        101,
+        "the server's own page"
+    );
+    assert_eq!(
+        upgrade(None, true, false).await.0,
+        101,
+        "no Origin: not a browser"
+    );
+    assert_eq!(
+        upgrade(Some(EVIL), false, true).await.0,
+        101,
+        "a token the page sent"
+    );
+    h.stop().await;
+}

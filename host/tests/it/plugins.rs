@@ -9,9 +9,9 @@ use serde_json::{json, Value};
 use sha2::Sha256;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-const SECRET: &str = "jwt-test-secret-0123456789";
+pub(crate) const SECRET: &str = "jwt-test-secret-0123456789";
 
-fn jwt(claims: Value, secret: &str) -> String {
+pub(crate) fn jwt(claims: Value, secret: &str) -> String {
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let h = b64.encode(br#"{"alg":"HS256","typ":"JWT"}"#);
     let p = b64.encode(claims.to_string());
@@ -20,7 +20,7 @@ fn jwt(claims: Value, secret: &str) -> String {
     format!("{h}.{p}.{}", b64.encode(mac.finalize().into_bytes()))
 }
 
-fn now_s() -> u64 {
+pub(crate) fn now_s() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
