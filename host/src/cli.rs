@@ -84,7 +84,8 @@ pub struct TestArgs {
     #[arg(long)]
     pub json: bool,
     /// Where compiled components are kept between runs (a large one takes
-    /// seconds to compile); default: herald-compiled in the temp folder.
+    /// seconds to compile); default: the user's own cache
+    /// ($XDG_CACHE_HOME/herald/compiled or ~/.cache/herald/compiled).
     #[arg(long, env = "HERALD_PLUGIN_CACHE")]
     pub cache_dir: Option<PathBuf>,
 }
@@ -314,6 +315,22 @@ fn failure(e: &PluginError) -> Value {
     json!({"error": e.kind(), "message": e.to_string()})
 }
 
+/// The user's own cache of compiled components: `$XDG_CACHE_HOME/herald`
+/// or `~/.cache/herald`; never a directory shared with other users (whoever
+/// can write there chooses the native code `herald plugin test` runs).
+fn user_cache() -> std::path::PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| {
+            use std::os::unix::fs::MetadataExt;
+            let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
+            std::env::temp_dir().join(format!("herald-{uid}"))
+        });
+    base.join("herald").join("compiled")
+}
+
 /// `herald plugin test`: the report on stdout; an error when the
 /// component cannot be run at all.
 pub fn test(args: &TestArgs) -> anyhow::Result<()> {
@@ -321,10 +338,7 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", args.component.display()))?;
     let config: Value =
         serde_json::from_str(&file_or_inline(&args.config)?).context("--config is not JSON")?;
-    let cache = args
-        .cache_dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join("herald-compiled"));
+    let cache = args.cache_dir.clone().unwrap_or_else(user_cache);
     let runtime = crate::plugin::Runtime::with_artifacts(Some(cache))?;
     let started = Instant::now();
     let component = runtime

@@ -316,8 +316,7 @@ impl Runtime {
     /// so a restart loads them instead of compiling again.
     pub fn with_artifacts(dir: Option<std::path::PathBuf>) -> anyhow::Result<Arc<Runtime>> {
         if let Some(d) = &dir {
-            std::fs::create_dir_all(d)
-                .map_err(|e| anyhow::anyhow!("creating {}: {e}", d.display()))?;
+            artifacts::private_dir(d)?;
         }
         let mut cfg = wasmtime::Config::new();
         cfg.wasm_component_model(true);

@@ -113,15 +113,39 @@ impl Registry {
         let url = match url {
             Some(u) => u.to_string(),
             None => {
-                std::fs::create_dir_all(data_dir).map_err(|e| {
-                    RegistryError::Database(sqlx::Error::Configuration(
-                        format!("cannot create data dir {}: {e}", data_dir.display()).into(),
-                    ))
-                })?;
-                format!(
-                    "sqlite://{}?mode=rwc",
-                    data_dir.join("registry.db").display()
-                )
+                // The registry holds tenants' keys' digests and source
+                // credentials: the data dir is its user's alone.
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(data_dir)
+                    .map_err(|e| {
+                        RegistryError::Database(sqlx::Error::Configuration(
+                            format!("cannot create data dir {}: {e}", data_dir.display()).into(),
+                        ))
+                    })?;
+                // Made readable by its user alone before SQLite opens it
+                // (its journal and WAL files take the same mode).
+                let file = data_dir.join("registry.db");
+                {
+                    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+                    let made = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .mode(0o600)
+                        .open(&file)
+                        .and_then(|_| {
+                            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
+                        });
+                    made.map_err(|e| {
+                        RegistryError::Database(sqlx::Error::Configuration(
+                            format!("cannot create {}: {e}", file.display()).into(),
+                        ))
+                    })?;
+                }
+                format!("sqlite://{}?mode=rwc", file.display())
             }
         };
         let backend = if url.starts_with("postgres:") || url.starts_with("postgresql:") {

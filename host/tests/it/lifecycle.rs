@@ -167,3 +167,20 @@ fn rand_suffix() -> u32 {
         .unwrap()
         .subsec_nanos()
 }
+
+/// Issue 19: the data dir, the SQLite registry in it and the compiled
+/// plugins' directory are their user's alone.
+#[tokio::test]
+async fn the_data_dir_and_registry_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("herald-data");
+    let mut opts = HostOptions::new();
+    opts.config.data_dir = data.clone();
+    let h = spawn_with(opts).await;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700, "the data dir");
+    assert_eq!(mode(&data.join("registry.db")), 0o600, "the registry");
+    assert_eq!(mode(&data.join("compiled")), 0o700, "compiled plugins");
+    h.stop().await;
+}
