@@ -12,6 +12,7 @@
 pub mod active;
 mod artifacts;
 pub mod batch;
+mod logs;
 pub mod wasi;
 
 use parking_lot::Mutex;
@@ -205,6 +206,8 @@ pub struct StoreState {
     config: Arc<str>,
     /// Log lines the plugin may still write during the current call.
     log_budget: u32,
+    /// The tenant's share of the log, across its instances.
+    log_rate: Arc<logs::LogRate>,
     /// What the guest wrote to stdout and stderr during the current call.
     output: wasi::Capture,
 }
@@ -218,32 +221,17 @@ impl WasiView for StoreState {
     }
 }
 
-const LOGS_PER_CALL: u32 = 16;
-const LOG_LINE_MAX: usize = 1024;
+const LOGS_PER_CALL: u32 = logs::PER_CALL;
 
 impl StoreState {
     fn log(&mut self, level: Level, message: String) {
-        if self.log_budget == 0 {
-            return;
-        }
-        self.log_budget -= 1;
-        let mut m = message;
-        if m.len() > LOG_LINE_MAX {
-            let mut cut = LOG_LINE_MAX;
-            while !m.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            m.truncate(cut);
-        }
-        let tenant = &*self.tenant;
-        match level {
-            Level::Trace => tracing::trace!(tenant, plugin_log = %m),
-            Level::Debug => tracing::debug!(tenant, plugin_log = %m),
-            Level::Info => tracing::info!(tenant, plugin_log = %m),
-            Level::Warn => tracing::warn!(tenant, plugin_log = %m),
-            // A plugin's error is not data loss in the host: keep ERROR for the host's own.
-            Level::Error => tracing::warn!(tenant, plugin_log = %m, plugin_level = "error"),
-        }
+        logs::write(
+            &self.tenant,
+            &self.log_rate,
+            &mut self.log_budget,
+            level,
+            &message,
+        );
     }
 }
 
@@ -300,6 +288,8 @@ pub struct Runtime {
     cache: Mutex<HashMap<[u8; 32], Arc<Compiled>>>,
     /// Where compiled components are kept across restarts (`None`: not).
     artifacts: Option<std::path::PathBuf>,
+    /// Each tenant's share of the log (plugin log lines a second).
+    log_rates: Mutex<HashMap<Arc<str>, Arc<logs::LogRate>>>,
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -344,6 +334,7 @@ impl Runtime {
             linker,
             cache: Mutex::new(HashMap::new()),
             artifacts: dir,
+            log_rates: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -421,6 +412,12 @@ impl Runtime {
             tenant: tenant.clone(),
             config: config.clone(),
             log_budget: LOGS_PER_CALL,
+            log_rate: self
+                .log_rates
+                .lock()
+                .entry(tenant.clone())
+                .or_insert_with(|| Arc::new(logs::LogRate::new()))
+                .clone(),
             output,
         };
         let mut store = Store::new(&self.engine, state);
