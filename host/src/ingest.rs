@@ -205,7 +205,7 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
             Err(PluginError::OverBudget) => return Err(PluginError::OverBudget),
             Err(e) => {
                 tenant.metrics.dead_letter(e.kind(), records.len() as u64);
-                tracing::warn!(tenant = %tenant.id, version = p.version, kind = e.kind(), error = %e, records = records.len(), "transform failed; batch dead-lettered");
+                tracing::warn!(tenant = %tenant.id, version = p.version, kind = e.kind(), error = %e.for_log(), records = records.len(), "transform failed; batch dead-lettered");
                 return Err(e);
             }
         },
@@ -235,7 +235,7 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
             },
             Err(e) => {
                 tenant.metrics.dead_letter(e.kind(), 1);
-                tracing::warn!(tenant = %tenant.id, kind = e.kind(), error = %e, "merge failed; the newer message wins");
+                tracing::warn!(tenant = %tenant.id, kind = e.kind(), error = %e.for_log(), "merge failed; the newer message wins");
                 newer
             }
         },

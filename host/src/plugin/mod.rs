@@ -105,6 +105,35 @@ pub enum PluginError {
 }
 
 impl PluginError {
+    /// The error for Herald's own log: what the guest wrote (up to 4 KiB,
+    /// in answers to the API and the client) is left out, and a trap's
+    /// message is escaped; a failing plugin cannot fill or forge the log.
+    pub fn for_log(&self) -> String {
+        let quiet = match self {
+            PluginError::Trap(m, o) if !o.0.is_empty() => {
+                PluginError::Trap(m.clone(), GuestOutput::default())
+            }
+            PluginError::Timeout(ms, o) if !o.0.is_empty() => {
+                PluginError::Timeout(*ms, GuestOutput::default())
+            }
+            PluginError::MemoryExceeded(b, o) if !o.0.is_empty() => {
+                PluginError::MemoryExceeded(*b, GuestOutput::default())
+            }
+            other => other.clone(),
+        };
+        let wrote = match self {
+            PluginError::Trap(_, o)
+            | PluginError::Timeout(_, o)
+            | PluginError::MemoryExceeded(_, o)
+                if !o.0.is_empty() =>
+            {
+                format!(" (the plugin wrote {} bytes; see the answer)", o.0.len())
+            }
+            _ => String::new(),
+        };
+        format!("{}{wrote}", quiet.to_string().escape_debug())
+    }
+
     /// A short label for metrics and reason codes.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -492,6 +521,21 @@ fn trap_message(e: &wasmtime::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_logged_error_leaves_out_what_the_guest_wrote() {
+        let e = PluginError::Trap(
+            "unreachable".into(),
+            GuestOutput("Traceback\n2026 ERROR forged".into()),
+        );
+        assert!(e.to_string().contains("Traceback"), "the answer keeps it");
+        let logged = e.for_log();
+        assert!(
+            !logged.contains("Traceback") && !logged.contains('\n'),
+            "{logged}"
+        );
+        assert!(logged.contains("wrote 27 bytes"), "{logged}");
+    }
 
     #[test]
     fn every_memory_counts_against_one_cap() {

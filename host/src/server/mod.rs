@@ -435,7 +435,7 @@ async fn authorize_connect(
             // A busy plugin is load, not a fault: the lane logs it (once a
             // second at most), the metric counts each.
             if !matches!(e, plugin::PluginError::Busy(_)) {
-                tracing::warn!(tenant = %t.id, kind = e.kind(), error = %e, "authorize-connect failed; connection refused");
+                tracing::warn!(tenant = %t.id, kind = e.kind(), error = %e.for_log(), "authorize-connect failed; connection refused");
             }
             Err(busy(
                 &format!("plugin_{}", e.kind()),

@@ -132,7 +132,7 @@ async fn ask_plugin(
                 .metrics
                 .plugin_failure("authorize_subscribe", e.kind());
             if !matches!(e, crate::plugin::PluginError::Busy(_)) {
-                tracing::warn!(tenant = %tenant.id, kind = e.kind(), error = %e, "authorize-subscribe failed; subscription refused");
+                tracing::warn!(tenant = %tenant.id, kind = e.kind(), error = %e.for_log(), "authorize-subscribe failed; subscription refused");
             }
             Err(SubRefusal::Failed(e.kind()))
         }
