@@ -41,14 +41,31 @@ pub struct ServeArgs {
     #[arg(long, env = "HERALD_DATA_DIR", default_value = "./herald-data")]
     pub data_dir: PathBuf,
     /// Registry database (`postgres://…` or `sqlite://…`); overrides the SQLite default.
-    #[arg(long, env = "HERALD_DATABASE_URL")]
+    #[arg(long, env = "HERALD_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+    /// --database-url read from this file (its first line): kept out of argv.
+    #[arg(
+        long,
+        env = "HERALD_DATABASE_URL_FILE",
+        conflicts_with = "database_url"
+    )]
+    pub database_url_file: Option<PathBuf>,
     /// Bearer token for /admin. Generated and printed once when absent (SQLite only).
     #[arg(long, env = "HERALD_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// --admin-token read from this file (its first line): kept out of argv.
+    #[arg(long, env = "HERALD_ADMIN_TOKEN_FILE", conflicts_with = "admin_token")]
+    pub admin_token_file: Option<PathBuf>,
     /// Bearer token `/metrics` requires (it lists every tenant id); open when absent.
     #[arg(long, env = "HERALD_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<String>,
+    /// --metrics-token read from this file (its first line).
+    #[arg(
+        long,
+        env = "HERALD_METRICS_TOKEN_FILE",
+        conflicts_with = "metrics_token"
+    )]
+    pub metrics_token_file: Option<PathBuf>,
     /// The demo: create a public tenant `demo` if it does not exist (and
     /// print its publish key), serve the live ticker page at `/` (and the
     /// browser client at `/herald.js`), and publish ticks into it.
@@ -302,9 +319,47 @@ impl ClusterKafka {
     }
 }
 
+/// A secret given directly, or the first line of `file`.
+fn secret(
+    direct: &Option<String>,
+    file: &Option<PathBuf>,
+    flag: &str,
+) -> Result<Option<String>, String> {
+    let Some(path) = file else {
+        return Ok(direct.clone());
+    };
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+    let line = text.lines().next().unwrap_or("").trim_end();
+    if line.is_empty() {
+        return Err(format!("{flag} {}: empty", path.display()));
+    }
+    Ok(Some(line.to_string()))
+}
+
 impl ServeArgs {
     /// Checks the flags and builds the [`Config`]; errors name the flag.
     pub fn to_config(&self) -> Result<Config, String> {
+        let mut resolved = self.clone();
+        resolved.admin_token = secret(
+            &self.admin_token,
+            &self.admin_token_file,
+            "--admin-token-file",
+        )?;
+        resolved.database_url = secret(
+            &self.database_url,
+            &self.database_url_file,
+            "--database-url-file",
+        )?;
+        resolved.metrics_token = secret(
+            &self.metrics_token,
+            &self.metrics_token_file,
+            "--metrics-token-file",
+        )?;
+        resolved.checked()
+    }
+
+    fn checked(&self) -> Result<Config, String> {
         let l = &self.limits;
         if l.max_message_bytes < 64 {
             return Err("--max-message-bytes must be at least 64".into());
@@ -474,6 +529,45 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 19: secrets can come from files (no argv, no environment a
+    /// `ps` or `/proc/…/environ` shows): one line, its line break dropped;
+    /// not both ways at once.
+    #[test]
+    fn secrets_can_be_given_by_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("admin-token");
+        std::fs::write(&token, "a-token-from-a-file-0123\n").unwrap();
+        let url = dir.path().join("db-url");
+        std::fs::write(&url, "postgres://u:pw@db/herald\n").unwrap();
+        let metrics = dir.path().join("metrics-token");
+        std::fs::write(&metrics, "metrics-from-a-file-0123").unwrap();
+        let c = parse(&[
+            "--admin-token-file",
+            token.to_str().unwrap(),
+            "--database-url-file",
+            url.to_str().unwrap(),
+            "--metrics-token-file",
+            metrics.to_str().unwrap(),
+        ])
+        .unwrap();
+        assert_eq!(c.admin_token.as_deref(), Some("a-token-from-a-file-0123"));
+        assert_eq!(c.database_url.as_deref(), Some("postgres://u:pw@db/herald"));
+        assert_eq!(c.metrics_token.as_deref(), Some("metrics-from-a-file-0123"));
+        // Both ways, or a file that is not there: a clear error.
+        assert!(parse(&[
+            "--admin-token",
+            "x".repeat(16).as_str(),
+            "--admin-token-file",
+            token.to_str().unwrap()
+        ])
+        .is_err());
+        let e = parse(&["--admin-token-file", "/nonexistent/token"]).unwrap_err();
+        assert!(e.contains("--admin-token-file"), "{e}");
+        std::fs::write(&token, "short\n").unwrap();
+        let e = parse(&["--admin-token-file", token.to_str().unwrap()]).unwrap_err();
+        assert!(e.contains("at least 16"), "{e}");
+    }
 
     fn parse(args: &[&str]) -> Result<Config, String> {
         let mut v = vec!["herald", "serve"];
