@@ -44,6 +44,43 @@ pub(crate) fn test_producer(brokers: &str) -> FutureProducer {
         .unwrap()
 }
 
+/// A host on the test Postgres registry (its positions survive what a test
+/// does to them), a mock cluster with `topic` (one partition), a producer,
+/// and a public tenant named `prefix` and a random suffix.
+pub(crate) struct PgKafka {
+    pub pg: String,
+    pub cluster: MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    pub producer: FutureProducer,
+    pub tenant: String,
+    pub h: Host,
+}
+
+/// [`PgKafka`]; `None` without a test Postgres.
+pub(crate) async fn pg_kafka(topic: &str, prefix: &str) -> Option<PgKafka> {
+    let Ok(pg) = std::env::var("HERALD_TEST_POSTGRES_URL") else {
+        assert!(
+            std::env::var("HERALD_REQUIRE_POSTGRES").is_err(),
+            "Postgres required but not configured"
+        );
+        return None;
+    };
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(topic, 1, 1).unwrap();
+    let producer = test_producer(&cluster.bootstrap_servers());
+    let tenant = format!("{prefix}{}", rand::random::<u32>());
+    let mut opts = HostOptions::new();
+    opts.config.database_url = Some(pg.clone());
+    let h = spawn_with(opts).await;
+    h.public_tenant(&tenant).await;
+    Some(PgKafka {
+        pg,
+        cluster,
+        producer,
+        tenant,
+        h,
+    })
+}
+
 /// A host whose public `tenant` reads `topic` (of `partitions`) on a mock
 /// cluster of its own, live.
 async fn live_kafka_tenant(
@@ -552,22 +589,17 @@ async fn kafka_records_lost_to_retention_while_reading_are_a_gap() {
 /// of by an `ack` with the new epoch.
 #[tokio::test]
 async fn kafka_a_position_past_the_topics_end_stalls_until_a_new_generation() {
-    let Ok(pg) = std::env::var("HERALD_TEST_POSTGRES_URL") else {
-        assert!(
-            std::env::var("HERALD_REQUIRE_POSTGRES").is_err(),
-            "Postgres required but not configured"
-        );
+    let Some(PgKafka {
+        pg,
+        cluster,
+        producer,
+        tenant,
+        h,
+    }) = pg_kafka("k-again", "k-again").await
+    else {
         return;
     };
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic("k-again", 1, 1).unwrap();
     let brokers = cluster.bootstrap_servers();
-    let producer = test_producer(&brokers);
-    let tenant = format!("k-again{}", rand::random::<u32>());
-    let mut opts = HostOptions::new();
-    opts.config.database_url = Some(pg.clone());
-    let h = spawn_with(opts).await;
-    h.public_tenant(&tenant).await;
     let path = format!("/admin/v1/tenants/{tenant}/source");
     let source = |start: &str, generation: Option<u32>| {
         let mut b = json!({"kind":"kafka","brokers":brokers,"topics":["k-again"],"start":start});

@@ -11,6 +11,12 @@ use rdkafka::mocking::MockCluster;
 use reqwest::Method;
 use serde_json::{json, Value};
 
+/// Sets `tenant`'s source to `body`: status and answer.
+async fn put(h: &Host, tenant: &str, body: Value) -> (u16, Value) {
+    let path = format!("/admin/v1/tenants/{tenant}/source");
+    h.admin(Method::PUT, &path, Some(body)).await
+}
+
 fn message(v: &Value) -> String {
     v["error"]["message"]
         .as_str()
@@ -45,13 +51,7 @@ async fn options_that_load_code_or_read_files_are_refused_by_name() {
     ] {
         let body =
             json!({"kind":"kafka","brokers":brokers,"topics":["opts"],"options":{name: value}});
-        let (s, v) = h
-            .admin(
-                Method::PUT,
-                "/admin/v1/tenants/kopts-deny/source",
-                Some(body),
-            )
-            .await;
+        let (s, v) = put(&h, "kopts-deny", body).await;
         assert_eq!(s, 400, "{name}: {v}");
         let m = message(&v);
         assert!(
@@ -68,13 +68,7 @@ async fn options_that_load_code_or_read_files_are_refused_by_name() {
     let body = json!({"kind":"kafka","brokers":brokers,"topics":["opts"],
         "options":{"client.id":"c","socket.timeout.ms":5000,"ssl.endpoint.identification.algorithm":"https",
                    "enable.ssl.certificate.verification":true}});
-    let (s, v) = h
-        .admin(
-            Method::PUT,
-            "/admin/v1/tenants/kopts-deny/source",
-            Some(body),
-        )
-        .await;
+    let (s, v) = put(&h, "kopts-deny", body).await;
     assert_eq!(s, 200, "{v}");
     h.stop().await;
 }
@@ -89,13 +83,7 @@ async fn a_stored_source_with_a_refused_option_stalls_instead_of_starting() {
     let h = spawn_host().await;
     h.public_tenant("kopts-stored").await;
     let body = json!({"kind":"kafka","brokers":brokers,"topics":["opts-stored"],"options":{"client.id":"c"}});
-    let (s, v) = h
-        .admin(
-            Method::PUT,
-            "/admin/v1/tenants/kopts-stored/source",
-            Some(body),
-        )
-        .await;
+    let (s, v) = put(&h, "kopts-stored", body).await;
     assert_eq!(s, 200, "{v}");
     // An older Herald stored the option (written to the registry directly).
     let data_dir = h.data_dir.clone();

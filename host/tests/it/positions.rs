@@ -4,7 +4,7 @@
 //! outbox or librdkafka's mock cluster, and real compiled plugins.
 
 use crate::helpers::*;
-use crate::kafka::{produce, test_producer};
+use crate::kafka::{pg_kafka, produce, test_producer, PgKafka};
 use crate::outbox::{msgs, outbox_table, pg_url, seq, set_source, subscribed, wait_live};
 use rdkafka::mocking::MockCluster;
 use reqwest::Method;
@@ -296,22 +296,17 @@ async fn shutdown_loses_no_held_message() {
 /// (their positions come from Kafka), not new messages under new seqs.
 #[tokio::test]
 async fn kafka_rereads_are_duplicates() {
-    let Ok(pg) = std::env::var("HERALD_TEST_POSTGRES_URL") else {
-        assert!(
-            std::env::var("HERALD_REQUIRE_POSTGRES").is_err(),
-            "Postgres required but not configured"
-        );
+    let Some(PgKafka {
+        pg,
+        cluster,
+        producer,
+        tenant,
+        h,
+    }) = pg_kafka("pos-ticks", "pos-k").await
+    else {
         return;
     };
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic("pos-ticks", 1, 1).unwrap();
     let brokers = cluster.bootstrap_servers();
-    let producer = test_producer(&brokers);
-    let tenant = format!("pos-k{}", rand::random::<u32>());
-    let mut opts = HostOptions::new();
-    opts.config.database_url = Some(pg.clone());
-    let h = spawn_with(opts).await;
-    h.public_tenant(&tenant).await;
     let body = json!({"kind":"kafka","brokers":brokers,"topics":["pos-ticks"],"start":"earliest"});
     let (s, v) = h
         .admin(
