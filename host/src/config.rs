@@ -37,6 +37,11 @@ pub struct ServeArgs {
     /// Address for clients, publish and admin (one listener).
     #[arg(long, env = "HERALD_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// Serve the admin API (with /healthz, /readyz and /metrics) on this
+    /// address instead of --listen: a door of its own, which no client load
+    /// can fill. Bind it where only operators reach.
+    #[arg(long, env = "HERALD_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
     /// Directory for the embedded SQLite registry.
     #[arg(long, env = "HERALD_DATA_DIR", default_value = "./herald-data")]
     pub data_dir: PathBuf,
@@ -258,6 +263,8 @@ fn parse_policy(s: &str) -> Result<SlowConsumer, String> {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub data_dir: PathBuf,
+    /// `--admin-listen`: the admin API's own listener (not on the main one).
+    pub admin_listen: Option<SocketAddr>,
     pub database_url: Option<String>,
     pub admin_token: Option<String>,
     /// `/metrics` requires this bearer token when set.
@@ -453,6 +460,7 @@ impl ServeArgs {
             cluster,
             advertise: self.advertise.clone(),
             data_dir: self.data_dir.clone(),
+            admin_listen: self.admin_listen,
             database_url: self.database_url.clone(),
             admin_token: self.admin_token.clone(),
             metrics_token: self.metrics_token.clone(),

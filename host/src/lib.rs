@@ -267,6 +267,21 @@ pub async fn run(
     watchers.spawn(sweep_channels(app.clone()));
     watchers.spawn(flush_conflation(app.clone()));
 
+    if let Some(admin_addr) = app.config.admin_listen {
+        // The operators' door: its own listener and tasks, outside the
+        // client doors' count, so a flood of client sockets cannot keep the
+        // admin API from answering. Closed with the rest at shutdown.
+        let l = TcpListener::bind(admin_addr)
+            .await
+            .with_context(|| format!("--admin-listen {admin_addr}"))?;
+        tracing::info!(addr = %admin_addr, "admin API listening");
+        let (router, stop) = (api::admin_router(app.clone()), app.shutdown.clone());
+        app.tracker.spawn(async move {
+            let _ = axum::serve(l, router)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await;
+        });
+    }
     let router = api::router(app.clone());
     let accept = match tls {
         Some(tls) => {

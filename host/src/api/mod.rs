@@ -164,27 +164,48 @@ async fn require_admin(State(app): State<Arc<App>>, req: Request, next: Next) ->
     }
 }
 
+/// The main listener's routes: clients, publish, health, and the admin API
+/// unless it has a listener of its own (`--admin-listen`, [`admin_router`]).
 pub fn router(app: Arc<App>) -> Router {
-    let admin = admin::routes()
-        .merge(plugins::routes())
-        .merge(ops::routes())
-        .route_layer(middleware::from_fn_with_state(app.clone(), require_admin));
     let demo = if app.config.demo_tenant {
         crate::demo::routes()
     } else {
         Router::new()
     };
-    Router::new()
-        .nest("/admin/v1", admin)
-        .merge(demo)
+    let base = if app.config.admin_listen.is_none() {
+        admin_routes(&app)
+    } else {
+        Router::new()
+    };
+    base.merge(demo)
         .merge(publish::routes())
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/admin/v1/openapi.json", get(openapi))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(app)
+}
+
+/// The admin listener's routes (`--admin-listen`): the admin API and health.
+pub fn admin_router(app: Arc<App>) -> Router {
+    admin_routes(&app)
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(app)
+}
+
+fn admin_routes(app: &Arc<App>) -> Router<Arc<App>> {
+    let admin = admin::routes()
+        .merge(plugins::routes())
+        .merge(ops::routes())
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_admin));
+    Router::new()
+        .nest("/admin/v1", admin)
+        .route("/admin/v1/openapi.json", get(openapi))
 }
 
 #[utoipa::path(get, path = "/healthz", tag = "health",

@@ -536,3 +536,56 @@ async fn a_dribbled_frame_is_cut_off_at_the_deadline() {
     );
     h.stop().await;
 }
+
+/// Issue 19: with `--admin-listen` the admin API has a door of its own that
+/// no client load can fill: while every client door of the main listener is
+/// taken, an operator still gets answers there; and the main listener no
+/// longer serves `/admin`.
+#[tokio::test]
+async fn the_admin_listener_answers_while_client_doors_are_full() {
+    let admin_addr: std::net::SocketAddr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut opts = HostOptions::new();
+    opts.config.max_pending_connections = 4;
+    opts.config.head_timeout = Duration::from_secs(10);
+    opts.config.admin_listen = Some(admin_addr);
+    let h = spawn_with(opts).await;
+    let admin = |path: &str| {
+        reqwest::Client::new()
+            .get(format!("http://{admin_addr}{path}"))
+            .bearer_auth(ADMIN)
+            .timeout(Duration::from_secs(2))
+            .send()
+    };
+    let r = admin("/admin/v1/tenants")
+        .await
+        .expect("the admin listener answers");
+    assert_eq!(r.status(), 200);
+    // The main listener: no admin API.
+    let r = h
+        .http
+        .get(h.url("/admin/v1/tenants"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    // Every client door taken by sockets that send nothing.
+    let mut idle = Vec::new();
+    for _ in 0..6 {
+        idle.push(TcpStream::connect(h.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    let r = admin("/admin/v1/tenants")
+        .await
+        .expect("answered with the doors full");
+    assert_eq!(r.status(), 200);
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    let r = admin("/readyz").await.unwrap();
+    assert_eq!(r.status(), 200);
+    drop(idle);
+    h.stop().await;
+}
