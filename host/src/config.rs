@@ -103,6 +103,10 @@ pub struct ServeArgs {
     /// HTTP connections, at most; one past it is closed at once.
     #[arg(long, env = "HERALD_MAX_PENDING_CONNECTIONS", default_value_t = 16_384)]
     pub max_pending_connections: usize,
+    /// Of those, at most this many from one client address; one past it is
+    /// closed at once (0: no bound, for a single proxy in front).
+    #[arg(long, env = "HERALD_MAX_PENDING_PER_ADDRESS", default_value_t = 1024)]
+    pub max_pending_per_address: usize,
     /// Seconds a connection may take to send a request head, and may stay
     /// idle between requests on a kept-alive HTTP connection.
     #[arg(long, env = "HERALD_HEAD_TIMEOUT_SECS", default_value_t = 10)]
@@ -278,6 +282,8 @@ pub struct Config {
     pub max_connections: Option<usize>,
     pub memory_budget_bytes: Option<u64>,
     pub max_pending_connections: usize,
+    /// `--max-pending-per-address` (0: no bound).
+    pub max_pending_per_address: usize,
     /// A request head's deadline, and a kept-alive connection's idle one.
     pub head_timeout: Duration,
     pub heartbeat: Duration,
@@ -471,6 +477,7 @@ impl ServeArgs {
             max_connections: self.max_connections,
             memory_budget_bytes: self.memory_budget_mib.map(|m| m * 1024 * 1024),
             max_pending_connections: self.max_pending_connections,
+            max_pending_per_address: self.max_pending_per_address,
             head_timeout: Duration::from_secs(self.head_timeout_secs),
             heartbeat: Duration::from_secs(self.heartbeat_secs),
             node_id: match &self.node_id {

@@ -219,10 +219,11 @@ pub async fn run(
         _ => None,
     };
     let pending = config.max_pending_connections;
+    let per_address = config.max_pending_per_address;
     let mut app = App::new(
         config,
         registry,
-        Capacity::with_doors(max, pending, fd_sockets() / per_session),
+        Capacity::with_limits(max, pending, fd_sockets() / per_session, per_address),
         admin,
         metrics_handle,
         plugins,

@@ -581,7 +581,8 @@ impl Tenants {
 /// connections ("doors") — each counted from accept until it becomes a
 /// session or closes. Invariant: sessions + doors never pass `sockets_max`,
 /// so the descriptors the sources, the registry and the process need are
-/// never taken by clients.
+/// never taken by clients; one client address holds at most
+/// `per_address_max` doors (a socket past it is closed at accept).
 pub struct Capacity {
     max: usize,
     current: AtomicUsize,
@@ -591,15 +592,49 @@ pub struct Capacity {
     doors_gauge: metrics::Gauge,
     /// Rung when a door closes: the accept loop waits on it while full.
     door_freed: tokio::sync::Notify,
+    /// Doors per client address, and how many one address may hold (0: no
+    /// bound): one address cannot take every door.
+    per_address: parking_lot::Mutex<HashMap<std::net::IpAddr, u32>>,
+    per_address_max: usize,
 }
 
 /// A socket that is not (yet) a session; releasing is dropping.
 pub struct DoorSlot {
     capacity: Arc<Capacity>,
+    /// The client address it is counted under, once known.
+    address: Option<std::net::IpAddr>,
+}
+
+impl DoorSlot {
+    /// Counts the door under its client's address; false when that address
+    /// already holds as many as it may (the socket is to be closed at once).
+    pub fn claim(&mut self, address: std::net::IpAddr) -> bool {
+        let max = self.capacity.per_address_max;
+        if max == 0 {
+            return true;
+        }
+        let mut map = self.capacity.per_address.lock();
+        let n = map.entry(address).or_insert(0);
+        if *n as usize >= max {
+            return false;
+        }
+        *n += 1;
+        self.address = Some(address);
+        true
+    }
 }
 
 impl Drop for DoorSlot {
     fn drop(&mut self) {
+        if let Some(a) = self.address {
+            let mut map = self.capacity.per_address.lock();
+            if let Some(n) = map.get_mut(&a) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&a);
+                }
+            }
+        }
         self.capacity.doors.fetch_sub(1, Ordering::AcqRel);
         self.capacity.doors_gauge.decrement(1.0);
         self.capacity.door_freed.notify_one();
@@ -635,6 +670,17 @@ impl Capacity {
     /// `max` sessions, at most `doors_max` other sockets, and at most
     /// `sockets_max` sockets of both kinds together.
     pub fn with_doors(max: usize, doors_max: usize, sockets_max: usize) -> Arc<Capacity> {
+        Capacity::with_limits(max, doors_max, sockets_max, 0)
+    }
+
+    /// As [`with_doors`](Self::with_doors), and at most `per_address_max`
+    /// doors for one client address (0: no bound).
+    pub fn with_limits(
+        max: usize,
+        doors_max: usize,
+        sockets_max: usize,
+        per_address_max: usize,
+    ) -> Arc<Capacity> {
         Arc::new(Capacity {
             max,
             current: AtomicUsize::new(0),
@@ -643,6 +689,8 @@ impl Capacity {
             sockets_max,
             doors_gauge: metrics::gauge!("herald_pending_connections"),
             door_freed: tokio::sync::Notify::new(),
+            per_address: parking_lot::Mutex::new(HashMap::new()),
+            per_address_max,
         })
     }
 
@@ -666,6 +714,7 @@ impl Capacity {
         self.doors_gauge.increment(1.0);
         Some(DoorSlot {
             capacity: self.clone(),
+            address: None,
         })
     }
 

@@ -68,6 +68,14 @@ pub(super) async fn accept_from(app: Arc<App>, listener: impl Accept, router: ax
         match accepted {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(5);
+                let mut door = door;
+                if !door.claim(peer.ip()) {
+                    // One address holds as many doors as it may: closed at
+                    // once, so the others' doors stay free.
+                    metrics::refused_global("address_doors");
+                    drop(stream);
+                    continue;
+                }
                 let app2 = app.clone();
                 let router = router.clone();
                 app.tracker

@@ -589,3 +589,59 @@ async fn the_admin_listener_answers_while_client_doors_are_full() {
     drop(idle);
     h.stop().await;
 }
+
+/// Issue 19: one address cannot take every door. Past
+/// `--max-pending-per-address` sockets that are not sessions yet, another
+/// from the same address is closed at once (not parked in the backlog),
+/// while other addresses are served.
+#[tokio::test]
+async fn one_address_cannot_take_every_door() {
+    let mut opts = HostOptions::new();
+    opts.config.max_pending_connections = 16;
+    opts.config.max_pending_per_address = 3;
+    opts.config.head_timeout = Duration::from_secs(10);
+    let h = spawn_with(opts).await;
+    // Let the harness's own kept-alive connection go.
+    drop(h.http.clone());
+    let from = |ip: &str| {
+        let ip: std::net::IpAddr = ip.parse().unwrap();
+        let addr = h.addr;
+        async move {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.bind(std::net::SocketAddr::new(ip, 0)).unwrap();
+            s.connect(addr).await.unwrap()
+        }
+    };
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        idle.push(from("127.0.0.3").await);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut fourth = from("127.0.0.3").await;
+    assert!(
+        closed_within(&mut fourth, Duration::from_secs(1))
+            .await
+            .is_some(),
+        "a fourth socket from the same address is closed at once"
+    );
+    let mut other = from("127.0.0.4").await;
+    other
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(
+        read_response(&mut other).await.status,
+        200,
+        "another address"
+    );
+    // One of the three leaves: the address has a door again.
+    idle.pop();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut again = from("127.0.0.3").await;
+    again
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut again).await.status, 200);
+    h.stop().await;
+}
