@@ -104,9 +104,11 @@ pub struct ServeArgs {
     #[arg(long, env = "HERALD_MAX_PENDING_CONNECTIONS", default_value_t = 16_384)]
     pub max_pending_connections: usize,
     /// Of those, at most this many from one client address; one past it is
-    /// closed at once (0: no bound, for a single proxy in front).
-    #[arg(long, env = "HERALD_MAX_PENDING_PER_ADDRESS", default_value_t = 1024)]
-    pub max_pending_per_address: usize,
+    /// closed at once (default: half of --max-pending-connections, so one
+    /// address never takes every door and a reconnect storm from behind one
+    /// NAT still fits; 0: no bound, for a single proxy in front).
+    #[arg(long, env = "HERALD_MAX_PENDING_PER_ADDRESS")]
+    pub max_pending_per_address: Option<usize>,
     /// Seconds a connection may take to send a request head, and may stay
     /// idle between requests on a kept-alive HTTP connection.
     #[arg(long, env = "HERALD_HEAD_TIMEOUT_SECS", default_value_t = 10)]
@@ -477,7 +479,9 @@ impl ServeArgs {
             max_connections: self.max_connections,
             memory_budget_bytes: self.memory_budget_mib.map(|m| m * 1024 * 1024),
             max_pending_connections: self.max_pending_connections,
-            max_pending_per_address: self.max_pending_per_address,
+            max_pending_per_address: self
+                .max_pending_per_address
+                .unwrap_or(self.max_pending_connections / 2),
             head_timeout: Duration::from_secs(self.head_timeout_secs),
             heartbeat: Duration::from_secs(self.heartbeat_secs),
             node_id: match &self.node_id {
