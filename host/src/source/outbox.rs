@@ -84,8 +84,30 @@ pub enum OutboxError {
     BadXid { table: String, found: String },
     #[error("outbox query failed: {0}")]
     Query(String),
+    #[error("outbox table {table}: its ids start over (its id sequence is at {at}, this node read up to {read}): it was truncated with RESTART IDENTITY or made again; set the source again with a higher `generation` to start a new position space")]
+    IdsStartOver { table: String, at: i64, read: i64 },
     #[error("the outbox reader was stopped")]
     Stopped,
+}
+
+/// Refuses a table whose ids started over below `read` (what this node read
+/// before): its id sequence is behind it. A table without a sequence on
+/// `id`, or one not used since it was reset, is not checked.
+async fn ids_go_on(pool: &PgPool, quoted: &str, table: &str, read: i64) -> Result<(), OutboxError> {
+    let at: Option<i64> =
+        sqlx::query_scalar("SELECT pg_sequence_last_value(pg_get_serial_sequence($1, 'id'))")
+            .bind(quoted)
+            .fetch_one(pool)
+            .await
+            .map_err(query_err)?;
+    match at {
+        Some(at) if at < read => Err(OutboxError::IdsStartOver {
+            table: table.to_string(),
+            at,
+            read,
+        }),
+        _ => Ok(()),
+    }
 }
 
 fn connect_err(e: sqlx::Error) -> OutboxError {
@@ -294,6 +316,10 @@ impl Reader {
         let key = self.or_stop(stored::source_key(pool, &self.table)).await?
             + &super::generation_suffix(self.generation);
         let (mut cursor, fresh) = self.or_stop(self.load_cursor(pool, &sql, &key)).await?;
+        if let (Origin::Outbox { .. }, false, Some(read)) = (&self.origin, fresh, cursor.read) {
+            self.or_stop(ids_go_on(pool, &quoted, &self.table, read))
+                .await?;
+        }
         // Where this node's knowledge of the source starts (ARCHITECTURE.md,
         // "Positions"): every id up to it was read by an earlier process, or
         // lies before where this node began. A cursor from a Herald that did

@@ -384,3 +384,54 @@ async fn a_tenant_made_again_is_another_position_space() {
     );
     h.stop().await;
 }
+
+/// A table truncated with `RESTART IDENTITY` while its reader was away: its
+/// ids start over below what this node read. Reading on would take the new
+/// rows for positions of the old space (rebases, or re-reads): the source
+/// stalls and says why, until a higher `generation` starts a new space.
+#[tokio::test]
+async fn an_outbox_whose_ids_start_over_stalls_until_a_new_generation() {
+    let Some((pool, table, h)) = outbox_tenant("rs-trunc", json!({})).await else {
+        return;
+    };
+    for n in 0..3 {
+        insert(&pool, &table, "c", n).await;
+    }
+    read(&h, "rs-trunc", 3).await;
+    let data_dir = h.data_dir.clone();
+    let dir = h.stop().await;
+    sqlx::query(&format!("TRUNCATE {table} RESTART IDENTITY"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    insert(&pool, &table, "c", 10).await;
+    let mut opts = HostOptions::new();
+    opts.config.data_dir = data_dir;
+    opts.dir = dir;
+    let h = spawn_with(opts).await;
+    let v = wait_source(
+        &h,
+        "rs-trunc",
+        |health| health["state"] == "stalled",
+        "read on over ids that started again",
+    )
+    .await;
+    let why = v["health"]["last_error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("start over") && why.contains("generation"),
+        "{v}"
+    );
+    let url = pg_url().unwrap();
+    let body = json!({"kind":"postgres_outbox","database_url":url,"table":table,"poll_ms":200,"generation":1});
+    let (s, v) = h
+        .admin(Method::PUT, "/admin/v1/tenants/rs-trunc/source", Some(body))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    wait_live(&h, "rs-trunc").await;
+    let mut ws = h.ws("rs-trunc").await;
+    ws.sub("c", 1).await;
+    insert(&pool, &table, "c", 11).await;
+    let m = next_op(&mut ws, "msg", WAIT).await;
+    assert_eq!(m["data"]["n"], 11, "{m}");
+    h.stop().await;
+}
