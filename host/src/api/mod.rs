@@ -177,19 +177,18 @@ pub fn router(app: Arc<App>) -> Router {
     } else {
         Router::new()
     };
-    base.merge(demo)
-        .merge(publish::routes())
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .fallback(|| async { ApiError::NotFound("no such route".into()) })
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(app)
+    with_health(base.merge(demo).merge(publish::routes()), app)
 }
 
 /// The admin listener's routes (`--admin-listen`): the admin API and health.
 pub fn admin_router(app: Arc<App>) -> Router {
-    admin_routes(&app)
+    with_health(admin_routes(&app), app)
+}
+
+/// `routes` with health, readiness and metrics, a 404 for the rest, and
+/// the body limit.
+fn with_health(routes: Router<Arc<App>>, app: Arc<App>) -> Router {
+    routes
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
