@@ -237,6 +237,13 @@ impl ActivePlugin {
                 plugin,
                 _live: live,
             }),
+            Err(e) if super::sandbox_count(&e) => Err(PluginError::Instantiate(format!(
+                "{:#}: one instance may have at most {} core instances, {} linear memories and {} tables",
+                e.root_cause(),
+                super::MAX_CORE_INSTANCES,
+                super::MAX_MEMORIES,
+                super::MAX_TABLES
+            ))),
             Err(e) => Err(match classify(e, store.data(), self.limits) {
                 PluginError::Trap(m, out) => PluginError::Instantiate(format!("{m}{out}")),
                 other => other,

@@ -85,7 +85,9 @@ pub enum PluginError {
     Trap(String, GuestOutput),
     #[error("plugin call exceeded its {0} ms deadline{1}")]
     Timeout(u64, GuestOutput),
-    #[error("plugin exceeded its memory cap of {0} bytes{1}")]
+    #[error(
+        "plugin exceeded its memory cap of {0} bytes (linear memories and tables together){1}"
+    )]
     MemoryExceeded(usize, GuestOutput),
     #[error("{0}")]
     BadOutput(String),
@@ -179,16 +181,37 @@ pub struct SandboxLimits {
 }
 
 /// Memory accounting for one instance, enforced by wasmtime: every linear
-/// memory of the instance counts against one cap (a component is several
-/// core modules, each may have memories of its own).
+/// memory of the instance and every table element count against one cap (a
+/// component is several core modules, each may have memories and tables of
+/// its own), and the number of core instances, memories and tables is capped
+/// per store, so no component can make thousands of either.
 #[derive(Debug)]
 struct Limiter {
     max: usize,
-    /// Bytes of all linear memories together (they never shrink).
+    /// Bytes of all linear memories and tables together (they never shrink).
     total: usize,
     /// A growth was refused during the current call (reset before each).
     hit: bool,
 }
+
+/// Core instances one plugin instance may make. The largest example
+/// (a componentize-py component) makes fewer than half of these.
+pub const MAX_CORE_INSTANCES: usize = 64;
+/// Linear memories one plugin instance may define. Each reserves
+/// [`MEMORY_RESERVATION`] of address space, see [`Runtime::with_artifacts`].
+pub const MAX_MEMORIES: usize = 8;
+/// Address space reserved per linear memory: a 32-bit index space, so
+/// loads and stores need no explicit bounds check.
+pub const MEMORY_RESERVATION: u64 = 4 << 30;
+/// Unmapped bytes after (and before) each reservation.
+pub const MEMORY_GUARD: u64 = 32 << 20;
+/// Tables one plugin instance may define.
+pub const MAX_TABLES: usize = 32;
+/// Elements one table may have; each costs [`TABLE_ELEMENT_BYTES`] of the
+/// memory budget too.
+pub const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+/// What wasmtime spends per table element: a pointer.
+const TABLE_ELEMENT_BYTES: usize = std::mem::size_of::<usize>();
 
 impl Limiter {
     fn new(max: usize) -> Limiter {
@@ -197,6 +220,16 @@ impl Limiter {
             total: 0,
             hit: false,
         }
+    }
+
+    fn grow(&mut self, bytes: usize) -> bool {
+        let grown = self.total.saturating_add(bytes);
+        if grown > self.max {
+            self.hit = true;
+            return false;
+        }
+        self.total = grown;
+        true
     }
 }
 
@@ -207,22 +240,36 @@ impl ResourceLimiter for Limiter {
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let grown = self.total.saturating_add(desired.saturating_sub(current));
-        if grown > self.max {
-            self.hit = true;
-            return Ok(false);
-        }
-        self.total = grown;
-        Ok(true)
+        Ok(self.grow(desired.saturating_sub(current)))
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= 100_000)
+        if desired > MAX_TABLE_ELEMENTS {
+            self.hit = true;
+            return Ok(false);
+        }
+        Ok(self.grow(
+            desired
+                .saturating_sub(current)
+                .saturating_mul(TABLE_ELEMENT_BYTES),
+        ))
+    }
+
+    fn instances(&self) -> usize {
+        MAX_CORE_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES
     }
 }
 
@@ -341,6 +388,13 @@ impl Runtime {
         cfg.wasm_component_model(true);
         cfg.epoch_interruption(true);
         cfg.concurrency_support(false);
+        // Bounds checks elided by guard pages (explicit checks cost plugins
+        // 1.2-1.8x); with [`MAX_MEMORIES`] per instance and at most
+        // `plugin_threads + cores + 1` live instances per tenant, the
+        // address space one tenant can reserve is bounded (ARCHITECTURE.md,
+        // "Plugins").
+        cfg.memory_reservation(MEMORY_RESERVATION);
+        cfg.memory_guard_size(MEMORY_GUARD);
         let engine = Engine::new(&cfg)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
@@ -475,6 +529,15 @@ impl Runtime {
 
 fn deadline_ticks(limits: SandboxLimits) -> u64 {
     (limits.deadline.as_millis() as u64 / EPOCH_TICK.as_millis() as u64).max(1) + 1
+}
+
+/// Whether an instantiation failed on the sandbox's count of core
+/// instances, memories or tables (wasmtime's `ResourceLimiter` counts).
+fn sandbox_count(e: &wasmtime::Error) -> bool {
+    e.chain().any(|c| {
+        c.to_string().starts_with("resource limit exceeded: ")
+            && c.to_string().contains(" count too high")
+    })
 }
 
 /// Turns a wasmtime error into the named failure, looking at what the

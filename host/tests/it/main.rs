@@ -28,5 +28,6 @@ mod publish_retries;
 mod pubsub;
 mod readme;
 mod resume;
+mod sandbox;
 mod slow;
 mod tls;
