@@ -200,9 +200,10 @@ pub fn ingest(tenant: &Tenant, records: &[SourceRecord<'_>]) -> Result<Vec<Outco
                 }
                 Some(t.outputs)
             }
-            // Cut on a runtime worker: it runs again off the runtime (nothing
-            // was published, nothing is dead-lettered).
-            Err(PluginError::OverBudget) => return Err(PluginError::OverBudget),
+            // Cut on a runtime worker, or no instance ready there: it runs
+            // again off the runtime (nothing was published, nothing is
+            // dead-lettered).
+            Err(e @ (PluginError::OverBudget | PluginError::Cold)) => return Err(e),
             Err(e) => {
                 tenant.metrics.dead_letter(e.kind(), records.len() as u64);
                 tracing::warn!(tenant = %tenant.id, version = p.version, kind = e.kind(), error = %e.for_log(), records = records.len(), "transform failed; batch dead-lettered");

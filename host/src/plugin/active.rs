@@ -246,6 +246,10 @@ impl ActivePlugin {
             ))),
             Err(e) => Err(match classify(e, store.data(), self.limits) {
                 PluginError::Trap(m, out) => PluginError::Instantiate(format!("{m}{out}")),
+                e @ PluginError::Timeout(..) => {
+                    self.demote(BLOCKING, "making an instance ran past the deadline");
+                    e
+                }
                 other => other,
             }),
         }
@@ -258,11 +262,14 @@ impl ActivePlugin {
         f: impl FnOnce(&mut Store<StoreState>, &Bound) -> wasmtime::Result<R>,
     ) -> Result<R, PluginError> {
         let pooled = self.pool.lock().pop();
+        let inline = INLINE_CALL.get();
         let mut inst = match pooled {
             Some(i) => i,
+            // A start function may run up to the whole deadline: instances
+            // are made on the tenant's plugin threads, never on a worker.
+            None if inline => return Err(PluginError::Cold),
             None => self.instantiate()?,
         };
-        let inline = INLINE_CALL.get();
         let full = deadline_ticks(self.limits);
         let ticks = if inline {
             full.min(inline_ticks())
@@ -480,6 +487,8 @@ impl ActivePlugin {
             INLINE_CALL.set(was);
             match r {
                 Ok(Err(PluginError::OverBudget)) => self.demote(SLOW, "ran past the inline budget"),
+                // No pooled instance: this call makes one on a plugin thread.
+                Ok(Err(PluginError::Cold)) => {}
                 Ok(r) => return r,
                 Err(_) => self.demote(BLOCKING, "a call panicked the host"),
             }

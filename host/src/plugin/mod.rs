@@ -104,6 +104,11 @@ pub enum PluginError {
     /// plugin threads. Never reaches a client.
     #[error("plugin call ran past the inline budget")]
     OverBudget,
+    /// Internal: an inline call found no pooled instance; making one runs
+    /// the component's start code, so [`active::ActivePlugin::run`] moves the
+    /// call to the tenant's plugin threads. Never reaches a client.
+    #[error("no plugin instance was ready")]
+    Cold,
 }
 
 impl PluginError {
@@ -148,6 +153,7 @@ impl PluginError {
             PluginError::Unavailable(_) => "unavailable",
             PluginError::Busy(_) => "busy",
             PluginError::OverBudget => "over_budget",
+            PluginError::Cold => "cold",
         }
     }
 }
