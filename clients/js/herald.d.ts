@@ -16,6 +16,7 @@ export declare const CloseCodes: Readonly<{
   SLOW_CONSUMER: 4001;
   HEARTBEAT_TIMEOUT: 4002;
   DISCONNECTED: 4003;
+  REAUTHORIZE: 4004;
 }>;
 
 /** The WebSocket subprotocol Herald speaks: `herald.v1`. */

@@ -30,6 +30,7 @@ export const CloseCodes = Object.freeze({
   SLOW_CONSUMER: 4001,
   HEARTBEAT_TIMEOUT: 4002,
   DISCONNECTED: 4003,
+  REAUTHORIZE: 4004,
 });
 
 /** The WebSocket subprotocol Herald speaks. */
@@ -41,6 +42,7 @@ const RECONNECT_CODES = new Set([
   CloseCodes.SLOW_CONSUMER,
   CloseCodes.HEARTBEAT_TIMEOUT,
   CloseCodes.DISCONNECTED,
+  CloseCodes.REAUTHORIZE,
 ]);
 const SOON_CODES = new Set([CloseCodes.GOING_AWAY, CloseCodes.SERVICE_RESTART]);
 // Subscription refusals that a retry would not change.

@@ -9,7 +9,7 @@
 
 use crate::fanout::conflate::{ConflationSettings, Conflator};
 use crate::fanout::queue::SlowConsumer;
-use crate::fanout::session::{QueueClose, SessionHandle};
+use crate::fanout::session::{QueueClose, SessionHandle, SessionInfo};
 use crate::fanout::{HistoryLimits, Hub};
 use crate::metrics::TenantMetrics;
 use crate::plugin::active::ActivePlugin;
@@ -450,6 +450,15 @@ impl Tenant {
         if old.is_some() && !same(&old, &g) {
             *self.previous_plugin.lock() = old.as_ref().map(|p| p.sha256.clone());
         }
+        let version = |p: &Option<Arc<ActivePlugin>>| p.as_ref().map(|p| p.version);
+        let revoke = old.is_some()
+            && version(&old) != version(&g)
+            && self.settings.read().access == Access::Plugin;
+        drop(g);
+        if revoke {
+            // Sessions the old version admitted are authorized again by the new one.
+            self.sessions.close_all(QueueClose::Reauthorize, false);
+        }
         old
     }
 
@@ -485,7 +494,8 @@ impl Tenant {
         self.settings.read().clone()
     }
 
-    /// Installs new settings; closes every session when access changed.
+    /// Installs new settings; closes every session when access changed, and
+    /// those the change concerns when the config or allowed origins did.
     pub fn update(&self, new: TenantSettings) {
         let old = std::mem::replace(&mut *self.settings.write(), Arc::new(new.clone()));
         self.conflator
@@ -498,6 +508,21 @@ impl Tenant {
         );
         if old.access != new.access {
             self.sessions.close_all(QueueClose::TenantGone, false);
+            return;
+        }
+        // Revocation: a session stays only while what admitted it holds.
+        let by_plugin = new.access == Access::Plugin;
+        if by_plugin && old.config != new.config {
+            // The plugin that admitted them reads the config.
+            self.sessions.close_all(QueueClose::Reauthorize, false);
+        } else if old.allowed_origins != new.allowed_origins {
+            // Pages whose origin is now refused; on a plugin tenant every
+            // page (which credentials count depends on the list).
+            self.sessions.close_where(QueueClose::Reauthorize, |info| {
+                info.origin
+                    .as_deref()
+                    .is_some_and(|o| by_plugin || new.check_origin(Some(o)) == OriginCheck::Refused)
+            });
         }
     }
 
@@ -866,6 +891,15 @@ impl SessionRegistry {
         };
         for h in handles {
             h.close_with(reason);
+        }
+    }
+
+    /// Closes the live sessions whose [`SessionInfo`] matches `which`.
+    pub fn close_where(&self, reason: QueueClose, which: impl Fn(&SessionInfo) -> bool) {
+        for h in self.handles() {
+            if which(h.info()) {
+                h.close_with(reason);
+            }
         }
     }
 

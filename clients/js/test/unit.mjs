@@ -137,8 +137,8 @@ test("WebSocket: a new epoch after a restart is a gap of unknown size; history r
   c.close();
 });
 
-test("close codes: 4000 and 1008 stop, 1012 and 4001-4003 reconnect", async () => {
-  for (const [code, reconnects] of [[4000, false], [1008, false], [4999, false], [1012, true], [4001, true], [4002, true], [1006, true]]) {
+test("close codes: 4000 and 1008 stop, 1012 and 4001-4004 reconnect", async () => {
+  for (const [code, reconnects] of [[4000, false], [1008, false], [4999, false], [1012, true], [4001, true], [4002, true], [4004, true], [1006, true]]) {
     const { c, seen } = setup();
     c.subscribe("a");
     await tick();

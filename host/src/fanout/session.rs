@@ -34,6 +34,9 @@ pub enum QueueClose {
     Draining,
     /// The tenant was deleted or its access changed (close 4000).
     TenantGone,
+    /// What admitted the session changed: its plugin version, the config
+    /// the plugin reads, the allowed origins (close 4004, reconnect).
+    Reauthorize,
     /// An operator disconnected it (`POST …/disconnect`) with this close code.
     Disconnected(u16),
 }
@@ -77,12 +80,18 @@ pub struct SessionInfo {
     pub subject: Option<Box<str>>,
     pub connected_at_ms: u64,
     pub remote: Option<std::net::SocketAddr>,
+    /// The `Origin` header it was admitted with (browser pages).
+    pub origin: Option<Box<str>>,
 }
 
 static NEXT_SESSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl SessionInfo {
-    pub fn new(subject: Option<&str>, remote: Option<std::net::SocketAddr>) -> SessionInfo {
+    pub fn new(
+        subject: Option<&str>,
+        remote: Option<std::net::SocketAddr>,
+        origin: Option<Box<str>>,
+    ) -> SessionInfo {
         SessionInfo {
             id: NEXT_SESSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             subject: subject.map(Box::from),
@@ -90,6 +99,7 @@ impl SessionInfo {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
             remote,
+            origin,
         }
     }
 }
@@ -118,7 +128,7 @@ impl SessionHandle {
             limit_bytes,
             policy,
             audience,
-            SessionInfo::new(None, None),
+            SessionInfo::new(None, None, None),
         )
     }
 

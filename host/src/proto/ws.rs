@@ -101,6 +101,9 @@ pub mod close {
     pub const TENANT_GONE: u16 = 4000;
     /// The session's outbound queue overflowed under the `disconnect` policy.
     pub const SLOW_CONSUMER: u16 = 4001;
+    /// What admitted the session changed (the tenant's plugin version, its
+    /// config, its allowed origins): reconnect to be authorized again.
+    pub const REAUTHORIZE: u16 = 4004;
     /// No frame arrived from the client within the heartbeat timeout.
     pub const HEARTBEAT_TIMEOUT: u16 = 4002;
     /// An operator disconnected the session (`POST …/disconnect`, the

@@ -153,6 +153,9 @@ pub struct Admitted {
     pub session: Option<Arc<plugin::Session>>,
     /// The client's address (behind TLS, not the bridge's: server/tls.rs).
     pub remote: Option<SocketAddr>,
+    /// The `Origin` it was admitted with: a change of the tenant's
+    /// `allowed_origins` re-checks it (revocation).
+    pub origin: Option<Box<str>>,
 }
 
 /// The WebSocket subprotocol Herald speaks; a browser client offers it
@@ -323,6 +326,7 @@ async fn admit(
         }
     };
     admitted.remote = Some(peer);
+    admitted.origin = head.header("origin").map(|o| Box::from(o.trim()));
     Ok(admitted)
 }
 
@@ -385,6 +389,7 @@ fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused
             slot,
             session: None,
             remote: None,
+            origin: None,
         }));
     }
     let Some(p) = t.plugin() else {
@@ -419,6 +424,7 @@ async fn authorize_connect(
             slot,
             session: Some(Arc::new(session)),
             remote: None,
+            origin: None,
         }),
         Ok(Err(denial)) => {
             t.metrics.refused("denied");

@@ -28,6 +28,7 @@ mod publish_retries;
 mod pubsub;
 mod readme;
 mod resume;
-mod sandbox;
+mod revocation;
+pub mod sandbox;
 mod slow;
 mod tls;

@@ -72,6 +72,10 @@ fn queue_end(reason: QueueClose, policy: &str) -> End {
             close::TENANT_GONE,
             "tenant removed or its access changed".into(),
         ),
+        QueueClose::Reauthorize => End::Close(
+            close::REAUTHORIZE,
+            "what admitted this session changed: reconnect to be authorized again".into(),
+        ),
         QueueClose::Disconnected(code) => End::Close(code, "disconnected by the operator".into()),
     }
 }
@@ -179,6 +183,7 @@ mod tests {
                 slot,
                 session: None,
                 remote: None,
+                origin: None,
             },
         );
         let ws = std::mem::size_of_val(&fut);
@@ -201,6 +206,7 @@ mod tests {
                 slot,
                 session: None,
                 remote: None,
+                origin: None,
             },
         ));
         eprintln!("session futures: ws {ws} B, sse {sse} B");

@@ -56,6 +56,7 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
         slot,
         session,
         remote,
+        origin,
     } = admitted;
     let tenant = slot.tenant.clone();
     let settings = tenant.settings();
@@ -63,7 +64,7 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
         .as_ref()
         .and_then(|s| s.audience.as_deref())
         .map(Arc::from);
-    let info = SessionInfo::new(session.as_ref().map(|s| s.subject.as_str()), remote);
+    let info = SessionInfo::new(session.as_ref().map(|s| s.subject.as_str()), remote, origin);
     drop(session);
     let handle = SessionHandle::with_info(
         Wire::Sse,

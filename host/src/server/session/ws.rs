@@ -85,6 +85,7 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
         slot,
         session,
         remote,
+        origin,
     } = admitted;
     let mut s = WsSession::open(
         slot.tenant.clone(),
@@ -92,6 +93,7 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
         early,
         app.config.head_timeout,
         remote,
+        origin,
     );
     let end = match s.read_early().await {
         Ok(()) => s.serve(&stream, app.config.heartbeat).await,
@@ -126,6 +128,7 @@ impl WsSession {
         early: Vec<u8>,
         frame_deadline: Duration,
         remote: Option<std::net::SocketAddr>,
+        origin: Option<Box<str>>,
     ) -> WsSession {
         let settings = tenant.settings();
         let ops_burst = settings.limits.client_ops_burst;
@@ -141,7 +144,7 @@ impl WsSession {
             .as_ref()
             .and_then(|s| s.audience.as_deref())
             .map(Arc::from);
-        let info = SessionInfo::new(session.as_ref().map(|s| s.subject.as_str()), remote);
+        let info = SessionInfo::new(session.as_ref().map(|s| s.subject.as_str()), remote, origin);
         let handle = SessionHandle::with_info(
             Wire::Ws,
             settings.limits.queue_bytes,
