@@ -104,7 +104,7 @@ export interface GapEventDetail {
 }
 
 export interface ErrorEventDetail {
-  /** Herald's error code (`invalid_token`, `origin_not_allowed`, `unknown_tenant`, `forbidden`, …). */
+  /** Herald's error code (`invalid_token`, `origin_not_allowed`, `unauthorized`, `forbidden`, …). */
   code: string;
   message: string;
   /** The HTTP status of a refused session request, when one was read. */

@@ -590,7 +590,8 @@ async function caseE() {
     results.push(`bad token via ${via}/${transport}: ${d.e.code} (HTTP ${d.e.status})`);
   }
   {
-    const d = await deniedPage(pageUrl(h, { tenant: "acme" }), "missing_token");
+    // No credentials: answered as an unknown tenant would be (probing.rs).
+    const d = await deniedPage(pageUrl(h, { tenant: "acme" }), "unauthorized");
     results.push(`no token: ${d.e.code}`);
   }
   const pub = h.publisher("acme", key, { everyMs: 250, pxAsString: true });

@@ -304,6 +304,26 @@ fn busy(code: &str, message: &str) -> Refused {
     }
 }
 
+/// A caller that presents no credentials learns nothing about which tenants
+/// exist: an unknown tenant and a tenant that refuses it (its plugin's
+/// denial, no plugin, a plugin without authorize-connect) answer alike, 401
+/// `unauthorized`. Refusals that ask to come back later (503) stay as they
+/// are, and a caller with credentials gets the plugin's own answer.
+fn conceal(r: Refused, head: &RequestHead) -> Refused {
+    let anonymous = credentials(head, &head.query_pairs(), true).is_none();
+    if !anonymous || !matches!(r.status, StatusCode::NOT_FOUND | StatusCode::FORBIDDEN) {
+        return r;
+    }
+    Refused {
+        status: StatusCode::UNAUTHORIZED,
+        extra: r.extra,
+        body: error_body(
+            "unauthorized",
+            "no such tenant, or it admits no client without credentials",
+        ),
+    }
+}
+
 /// Checks everything that can refuse a session before its handshake is
 /// answered (readiness, memory, tenant, capacity, the plugin's
 /// authorize-connect).
@@ -314,17 +334,19 @@ async fn admit(
     head: &RequestHead,
     peer: SocketAddr,
 ) -> Result<Admitted, Refused> {
-    let mut admitted = match check_admission(app, tenant_id)? {
-        Admission::Done(a) => a,
-        Admission::Authorize(slot, plugin) => {
+    let admitted = match check_admission(app, tenant_id) {
+        Ok(Admission::Done(a)) => Ok(a),
+        Ok(Admission::Authorize(slot, plugin)) => {
             let cookie_ok = app
                 .tenants
                 .get(tenant_id)
                 .is_none_or(|t| cookie_counts(&t.settings(), head));
             let req = connect_request(tenant_id, transport, head, peer, cookie_ok);
-            authorize_connect(slot, plugin, req).await?
+            authorize_connect(slot, plugin, req).await
         }
+        Err(r) => Err(r),
     };
+    let mut admitted = admitted.map_err(|r| conceal(r, head))?;
     admitted.remote = Some(peer);
     admitted.origin = head.header("origin").map(|o| Box::from(o.trim()));
     Ok(admitted)

@@ -106,7 +106,9 @@ async fn conformance(lang: &str) {
 
     // authorize-connect
     let expect = [
-        ("", (403, "missing_token")),
+        // No credentials: the plugin denies, the host answers as for an
+        // unknown tenant (probing.rs).
+        ("", (401, "unauthorized")),
         ("token=", (403, "invalid_token")),
         ("token=tok-zzz", (403, "invalid_token")),
         ("token=tok-odd", (403, "invalid_token")),

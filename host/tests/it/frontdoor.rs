@@ -151,7 +151,7 @@ async fn refusals_on_a_later_request_keep_the_connection() {
         .await
         .unwrap();
     let r = read_response(&mut s).await;
-    assert_eq!(r.status, 404, "{r:?}");
+    assert_eq!(r.status, 401, "{r:?}");
     // A later request: the same answers, and the connection stays usable.
     let mut s = TcpStream::connect(h.addr).await.unwrap();
     s.write_all(HEALTHZ).await.unwrap();
@@ -160,9 +160,9 @@ async fn refusals_on_a_later_request_keep_the_connection() {
         .await
         .unwrap();
     let r = read_response(&mut s).await;
-    assert_eq!(r.status, 404, "{r:?}");
+    assert_eq!(r.status, 401, "{r:?}");
     let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-    assert_eq!(body["error"]["code"], "unknown_tenant", "{body}");
+    assert_eq!(body["error"]["code"], "unauthorized", "{body}");
     s.write_all(b"GET /v1/t/fd-refuse/sse HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
@@ -170,7 +170,7 @@ async fn refusals_on_a_later_request_keep_the_connection() {
     s.write_all(ws_upgrade_request("fd-nobody", "").as_bytes())
         .await
         .unwrap();
-    assert_eq!(read_response(&mut s).await.status, 404);
+    assert_eq!(read_response(&mut s).await.status, 401);
     let bad_version = ws_upgrade_request("fd-refuse", "").replace("Version: 13", "Version: 8");
     s.write_all(bad_version.as_bytes()).await.unwrap();
     let r = read_response(&mut s).await;
@@ -185,7 +185,7 @@ async fn refusals_on_a_later_request_keep_the_connection() {
         .await
         .unwrap();
     let r = read_response(&mut s).await;
-    assert_eq!(r.status, 403, "{r:?}");
+    assert_eq!(r.status, 401, "{r:?}");
     s.write_all(HEALTHZ).await.unwrap();
     assert_eq!(read_response(&mut s).await.status, 200);
     h.stop().await;

@@ -23,6 +23,7 @@ mod plugins_hostile;
 mod plugins_lanes;
 mod plugins_output;
 mod positions;
+mod probing;
 mod protections;
 mod publish_retries;
 mod pubsub;

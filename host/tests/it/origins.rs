@@ -69,7 +69,7 @@ async fn a_tenant_s_allowed_origins_are_enforced() {
         .await;
     assert_eq!(
         sse(&h, "orig-closed", Some(APP)).await,
-        (403, Some(APP.into()), true)
+        (401, Some(APP.into()), true)
     );
 
     // The preflight of a request with headers (Last-Event-ID).

@@ -34,13 +34,14 @@ async fn jwt_auth_decides_connect_and_subscribe() {
         .tenant(json!({"id":"jwt","config":{"secret":SECRET,"default_channels":["public.*"]}}))
         .await;
     // Fail closed until a plugin is active.
-    assert_eq!(h.ws_with("jwt", "").await.err().unwrap().0, 403);
+    assert_eq!(h.ws_with("jwt", "token=x").await.err().unwrap().0, 403);
     h.install_plugin("jwt", "jwt_auth").await;
 
+    // No token: answered as an unknown tenant would be (tests/it/probing.rs).
     let (s, v) = h.ws_with("jwt", "").await.err().unwrap();
     assert_eq!(
         (s, v["error"]["code"].as_str()),
-        (403, Some("missing_token"))
+        (401, Some("unauthorized"))
     );
     let forged = jwt(json!({"sub":"mallory","exp":now_s()+60}), "wrong-secret");
     let (s, v) = h
@@ -496,10 +497,10 @@ async fn components_of_both_contracts_run_side_by_side() {
         };
         assert_eq!(v["contract"], contract, "{v}");
         h.activate(tenant, v["version"].as_i64().unwrap()).await;
-        let (s, v) = h.ws_with(tenant, "").await.err().unwrap();
+        let (s, v) = h.ws_with(tenant, "token=x").await.err().unwrap();
         assert_eq!(
             (s, v["error"]["code"].as_str()),
-            (403, Some("missing_token"))
+            (403, Some("invalid_token"))
         );
         let good = jwt(
             json!({"sub":"alice","exp":now_s()+60,"channels":["user.{sub}.*"]}),

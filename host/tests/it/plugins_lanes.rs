@@ -276,7 +276,7 @@ async fn a_plugin_tenant_whose_plugin_cannot_authorize_connections_refuses_them(
     h.tenant(json!({"id":"nohook","access":"plugin"})).await;
     // ticker-conflate only transforms: it cannot say who may connect.
     h.install_plugin("nohook", "ticker_conflate").await;
-    let (s, v) = h.ws_with("nohook", "").await.err().unwrap();
+    let (s, v) = h.ws_with("nohook", "token=x").await.err().unwrap();
     assert_eq!(
         (s, v["error"]["code"].as_str()),
         (403, Some("plugin_lacks_hook")),
@@ -284,7 +284,7 @@ async fn a_plugin_tenant_whose_plugin_cannot_authorize_connections_refuses_them(
     );
     let sse = h
         .http
-        .get(h.url("/v1/t/nohook/sse?ch=c"))
+        .get(h.url("/v1/t/nohook/sse?ch=c&token=x"))
         .send()
         .await
         .unwrap();
