@@ -369,7 +369,7 @@ pub struct Runtime {
     /// tenant runs or may roll back to are evicted ([`Runtime::retain`]).
     cache: Mutex<HashMap<[u8; 32], Arc<Compiled>>>,
     /// Where compiled components are kept across restarts (`None`: not).
-    artifacts: Option<std::path::PathBuf>,
+    artifacts: Option<artifacts::Cache>,
     /// Each tenant's share of the log (plugin log lines a second).
     log_rates: Mutex<HashMap<Arc<str>, Arc<logs::LogRate>>>,
 }
@@ -387,9 +387,7 @@ impl Runtime {
     /// A runtime that also keeps compiled components in `dir`, by sha256,
     /// so a restart loads them instead of compiling again.
     pub fn with_artifacts(dir: Option<std::path::PathBuf>) -> anyhow::Result<Arc<Runtime>> {
-        if let Some(d) = &dir {
-            artifacts::private_dir(d)?;
-        }
+        let artifacts = dir.map(artifacts::Cache::open).transpose()?;
         let mut cfg = wasmtime::Config::new();
         cfg.wasm_component_model(true);
         cfg.epoch_interruption(true);
@@ -422,7 +420,7 @@ impl Runtime {
             engine,
             linker,
             cache: Mutex::new(HashMap::new()),
-            artifacts: dir,
+            artifacts,
             log_rates: Mutex::new(HashMap::new()),
         }))
     }
@@ -453,7 +451,7 @@ impl Runtime {
         let digest: [u8; 32] = Sha256::digest(bytes).into();
         let cell = self.cache.lock().entry(digest).or_default().clone();
         let compiled = cell.get_or_init(|| {
-            if let Some(c) = artifacts::load(&self.engine, self.artifacts.as_deref(), &digest) {
+            if let Some(c) = self.artifacts.as_ref().and_then(|a| a.load(&self.engine, &digest)) {
                 metrics::counter!("herald_plugin_compiles_total", "from" => "disk").increment(1);
                 return Ok(c);
             }
@@ -461,7 +459,9 @@ impl Runtime {
             let c = Component::new(&self.engine, bytes).map_err(|e| format!("{e:#}"))?;
             metrics::counter!("herald_plugin_compiles_total", "from" => "compile").increment(1);
             tracing::info!(sha256 = %crate::app::hex(&digest), bytes = bytes.len(), ms = started.elapsed().as_millis() as u64, "plugin component compiled");
-            artifacts::store(self.artifacts.as_deref(), &digest, &c);
+            if let Some(a) = &self.artifacts {
+                a.store(&digest, &c);
+            }
             Ok(c)
         });
         match compiled {
