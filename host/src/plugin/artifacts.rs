@@ -24,7 +24,7 @@
 #![allow(unsafe_code)]
 
 use hmac::{Hmac, Mac};
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 use std::path::{Path, PathBuf};
 use wasmtime::component::Component;
 use wasmtime::Engine;
@@ -220,6 +220,7 @@ pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::Digest;
 
     #[test]
     fn a_torn_or_foreign_artifact_is_compiled_again_never_loaded() {
@@ -308,7 +309,7 @@ mod tests {
         let mode = std::fs::metadata(&key).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "{mode:o}");
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let e = Cache::open(at).err().expect("refused");
+        let e = Cache::open(at).expect_err("refused");
         assert!(
             format!("{e:#}").contains("readable by no one else"),
             "{e:#}"
