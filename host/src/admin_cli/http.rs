@@ -33,10 +33,37 @@ pub(super) struct Api {
 impl Api {
     pub(super) fn new(remote: &Remote, auth: Option<String>) -> Result<Api, CliError> {
         let base = base_url(&remote.url)?;
-        let http = reqwest::Client::builder()
+        if base.scheme() == "http" && auth.is_some() && !remote.allow_http && !loopback(&base) {
+            return Err(CliError::Input(format!(
+                "--url {:?}: the admin token or publish key would cross the network in clear; use https:// (or pass --allow-http)",
+                remote.url
+            )));
+        }
+        let mut builder = reqwest::Client::builder()
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
             .user_agent(concat!("herald-cli/", env!("CARGO_PKG_VERSION")))
+            .https_only(base.scheme() == "https");
+        if let Some(path) = &remote.ca_cert {
+            let pem = std::fs::read(path)
+                .map_err(|e| CliError::Input(format!("--ca-cert {}: {e}", path.display())))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+                CliError::Input(format!(
+                    "--ca-cert {}: not PEM certificates: {e}",
+                    path.display()
+                ))
+            })?;
+            if certs.is_empty() {
+                return Err(CliError::Input(format!(
+                    "--ca-cert {}: no certificate in it",
+                    path.display()
+                )));
+            }
+            for c in certs {
+                builder = builder.add_root_certificate(c);
+            }
+        }
+        let http = builder
             .build()
             .map_err(|e| CliError::Protocol(format!("cannot start the HTTP client: {e}")))?;
         Ok(Api { base, auth, http })
@@ -168,15 +195,25 @@ pub(super) fn block_on<T>(work: impl Future<Output = Result<T, CliError>>) -> Re
 pub(super) fn base_url(raw: &str) -> Result<Url, CliError> {
     let url = Url::parse(raw.trim())
         .map_err(|e| CliError::Input(format!("--url {raw:?} is not a URL: {e}")))?;
-    if url.scheme() != "http" {
+    if url.scheme() != "http" && url.scheme() != "https" {
         return Err(CliError::Input(format!(
-            "--url {raw:?}: only http:// URLs are supported (this client has no TLS; reach an https endpoint through a local proxy)"
+            "--url {raw:?}: only http:// and https:// URLs are supported"
         )));
     }
     if url.cannot_be_a_base() || url.host_str().is_none_or(str::is_empty) {
         return Err(CliError::Input(format!("--url {raw:?} has no host")));
     }
     Ok(url)
+}
+
+/// Whether `url` names this machine (where plain HTTP crosses no network).
+fn loopback(url: &Url) -> bool {
+    let host = url.host_str().unwrap_or("");
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// `base` with `segments` appended, each percent-encoded (a `/` in a name

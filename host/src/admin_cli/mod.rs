@@ -22,9 +22,18 @@ use std::time::{Duration, Instant};
 // that flattens it.)
 #[derive(Debug, Clone, Args)]
 pub struct Remote {
-    /// The server's base URL (plain HTTP).
+    /// The server's base URL: https:// (verified against the system's
+    /// roots, or --ca-cert), or http:// on loopback.
     #[arg(long, env = "HERALD_URL", default_value = "http://127.0.0.1:8080")]
     pub url: String,
+    /// A PEM file of the certificate (or its CA) to trust for https://, beside
+    /// the system's roots.
+    #[arg(long, env = "HERALD_CA_CERT")]
+    pub ca_cert: Option<std::path::PathBuf>,
+    /// Send the admin token or publish key over plain http:// to a host that
+    /// is not loopback (in clear, readable by anyone on the path).
+    #[arg(long, env = "HERALD_ALLOW_HTTP")]
+    pub allow_http: bool,
     /// The admin bearer token (`herald serve --admin-token`).
     #[arg(long, env = "HERALD_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,

@@ -16,11 +16,11 @@ const TOKENS: &str =
     r#"{"tokens": {"tok-alice": {"subject": "alice"}, "tok-bob": {"subject": "bob"}}}"#;
 
 /// What one run of the binary did.
-struct Out {
-    args: Vec<String>,
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Out {
+    pub(crate) args: Vec<String>,
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Out {
@@ -73,7 +73,7 @@ impl Out {
 
 /// Runs the binary with `HERALD_URL=url`, the admin token (or none) and
 /// `vars`, off the runtime (the server runs on it meanwhile).
-async fn herald_at(
+pub(crate) async fn herald_at(
     url: &str,
     token: Option<&str>,
     vars: &[(&str, &str)],
@@ -955,8 +955,8 @@ async fn errors_are_one_line_with_the_server_code() {
         "{e}"
     );
     assert_eq!(e.lines().count(), 1, "{e}");
-    let out = herald_at("https://127.0.0.1:1", Some(ADMIN), &[], None, &["nodes"]).await;
-    assert!(out.err().contains("http://"), "{}", out.stderr);
+    let out = herald_at("ftp://127.0.0.1:1", Some(ADMIN), &[], None, &["nodes"]).await;
+    assert!(out.err().contains("https://"), "{}", out.stderr);
     h.stop().await;
 }
 

@@ -66,24 +66,22 @@ async fn tls_to(h: &Host, cert: &Path) -> tokio_rustls::client::TlsStream<tokio:
         .expect("TLS handshake")
 }
 
-#[tokio::test]
-async fn sessions_and_publishes_run_over_tls() {
-    let certs = tempfile::tempdir().unwrap();
-    let (cert, key) = self_signed(certs.path(), "herald");
+/// A host serving TLS with `cert`, once it is ready (the harness's
+/// readiness poll is plain HTTP: this one polls over TLS).
+async fn spawn_tls(cert: &Path, key: &Path) -> Host {
     let mut opts = HostOptions::new();
-    opts.config.tls = Some((cert.clone(), key));
-    // The harness's readiness poll is plain HTTP: poll over TLS instead.
+    opts.config.tls = Some((cert.to_path_buf(), key.to_path_buf()));
     let h = spawn_unchecked(opts);
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let mut s = tls_to(&h, &cert).await;
+        let mut s = tls_to(&h, cert).await;
         s.write_all(b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
             .await
             .unwrap();
         let mut answer = String::new();
         let _ = s.read_to_string(&mut answer).await;
         if answer.starts_with("HTTP/1.1 200") {
-            break;
+            return h;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -91,6 +89,13 @@ async fn sessions_and_publishes_run_over_tls() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+#[tokio::test]
+async fn sessions_and_publishes_run_over_tls() {
+    let certs = tempfile::tempdir().unwrap();
+    let (cert, key) = self_signed(certs.path(), "herald");
+    let h = spawn_tls(&cert, &key).await;
     let mut admin = tls_to(&h, &cert).await;
     let body = json!({"id": "sec", "access": "public"}).to_string();
     admin
@@ -305,4 +310,29 @@ async fn silent_tls_clients_are_not_held_for_ever() {
     }
     drop(silent);
     let _ = child.kill().await;
+}
+
+/// Issue 19: the admin token never crosses a network in clear. The CLI
+/// speaks TLS (trusting the system's roots, or `--ca-cert`), refuses a
+/// certificate it cannot verify, and will not send the token over plain
+/// HTTP to anything but loopback unless told to (`--allow-http`).
+#[tokio::test]
+async fn the_cli_speaks_tls_and_keeps_the_token_off_plain_http() {
+    use crate::cli_admin::herald_at;
+    let certs = tempfile::tempdir().unwrap();
+    let (cert, key) = self_signed(certs.path(), "herald");
+    let h = spawn_tls(&cert, &key).await;
+    let url = format!("https://localhost:{}", h.addr.port());
+    let trusted = [("HERALD_CA_CERT", cert.to_str().unwrap())];
+    let o = herald_at(&url, Some(ADMIN), &trusted, None, &["tenant", "list"]).await;
+    assert_eq!(o.code, Some(0), "{}{}", o.stdout, o.stderr);
+    let o = herald_at(&url, Some(ADMIN), &[], None, &["tenant", "list"]).await;
+    assert_ne!(o.code, Some(0), "an unverified certificate was trusted");
+    assert!(o.stderr.contains("certificate"), "{}", o.stderr);
+    h.stop().await;
+
+    let far = "http://herald.invalid:8080";
+    let o = herald_at(far, Some(ADMIN), &[], None, &["tenant", "list"]).await;
+    assert_ne!(o.code, Some(0));
+    assert!(o.stderr.contains("--allow-http"), "{}", o.stderr);
 }
