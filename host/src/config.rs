@@ -265,6 +265,11 @@ fn parse_policy(s: &str) -> Result<SlowConsumer, String> {
         .map_err(|_| format!("{s:?} is not one of conflate, drop-oldest, disconnect"))
 }
 
+/// A kept-alive HTTP connection's lifetime (nginx's `keepalive_time` is an
+/// hour; ten minutes keeps a pooled client moving between nodes as they come
+/// and go, at one reconnect per ten minutes).
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(600);
+
 /// Everything `run` needs, validated.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -288,6 +293,9 @@ pub struct Config {
     pub max_pending_per_address: usize,
     /// A request head's deadline, and a kept-alive connection's idle one.
     pub head_timeout: Duration,
+    /// How long a kept-alive HTTP connection may live, busy or not (it is
+    /// then closed after its current request): [`MAX_CONNECTION_AGE`].
+    pub max_connection_age: Duration,
     pub heartbeat: Duration,
     pub shutdown_grace: Duration,
     /// Drain on shutdown: not ready for `wait`, then sessions closed over `spread`.
@@ -483,6 +491,7 @@ impl ServeArgs {
                 .max_pending_per_address
                 .unwrap_or(self.max_pending_connections / 2),
             head_timeout: Duration::from_secs(self.head_timeout_secs),
+            max_connection_age: MAX_CONNECTION_AGE,
             heartbeat: Duration::from_secs(self.heartbeat_secs),
             node_id: match &self.node_id {
                 Some(n) if !n.trim().is_empty() => n.trim().to_string(),

@@ -621,6 +621,10 @@ pub struct Capacity {
     /// bound): one address cannot take every door.
     per_address: parking_lot::Mutex<HashMap<std::net::IpAddr, u32>>,
     per_address_max: usize,
+    /// Every door by age, each with the signal that closes it: at the bound
+    /// the oldest makes way for a new connection ([`Capacity::evict_oldest`]).
+    lineup: parking_lot::Mutex<std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>>,
+    next_door: std::sync::atomic::AtomicU64,
 }
 
 /// A socket that is not (yet) a session; releasing is dropping.
@@ -628,6 +632,9 @@ pub struct DoorSlot {
     capacity: Arc<Capacity>,
     /// The client address it is counted under, once known.
     address: Option<std::net::IpAddr>,
+    /// Its place in the lineup, and the signal that it is to close.
+    seq: u64,
+    evict: Arc<tokio::sync::Notify>,
 }
 
 impl DoorSlot {
@@ -647,6 +654,11 @@ impl DoorSlot {
         self.address = Some(address);
         true
     }
+
+    /// Resolves when this socket is to close to make way for a new one.
+    pub fn evicted(&self) -> tokio::sync::futures::Notified<'_> {
+        self.evict.notified()
+    }
 }
 
 impl Drop for DoorSlot {
@@ -660,6 +672,7 @@ impl Drop for DoorSlot {
                 }
             }
         }
+        self.capacity.lineup.lock().remove(&self.seq);
         self.capacity.doors.fetch_sub(1, Ordering::AcqRel);
         self.capacity.doors_gauge.decrement(1.0);
         self.capacity.door_freed.notify_one();
@@ -716,6 +729,8 @@ impl Capacity {
             door_freed: tokio::sync::Notify::new(),
             per_address: parking_lot::Mutex::new(HashMap::new()),
             per_address_max,
+            lineup: parking_lot::Mutex::new(std::collections::BTreeMap::new()),
+            next_door: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -737,10 +752,29 @@ impl Capacity {
             })
             .ok()?;
         self.doors_gauge.increment(1.0);
+        let seq = self.next_door.fetch_add(1, Ordering::Relaxed);
+        let evict = Arc::new(tokio::sync::Notify::new());
+        self.lineup.lock().insert(seq, evict.clone());
         Some(DoorSlot {
             capacity: self.clone(),
             address: None,
+            seq,
+            evict,
         })
+    }
+
+    /// Tells the oldest door to close (it goes when its task sees the
+    /// signal: at once while it waits for a head or idles between requests,
+    /// after the response it is writing otherwise). False when there is none.
+    pub fn evict_oldest(&self) -> bool {
+        let oldest = self.lineup.lock().pop_first();
+        match oldest {
+            Some((_, evict)) => {
+                evict.notify_one();
+                true
+            }
+            None => false,
+        }
     }
 
     /// Sockets counted as doors now.

@@ -44,15 +44,19 @@ pub(super) async fn accept_from(app: Arc<App>, listener: impl Accept, router: ax
     let mut last_full: Option<tokio::time::Instant> = None;
     loop {
         // Counted from here until it is a session or gone. While as many
-        // sockets as allowed are not sessions yet (slowloris, or a storm of
-        // handshakes), the next connections wait in the listen backlog, not
-        // refused: they are taken as the deadline closes the slow ones.
+        // sockets as allowed are not sessions yet (slowloris, idle kept-alive
+        // connections, a storm of handshakes), the oldest of them is closed
+        // to make way: a new connection waits in the listen backlog only
+        // until then (or, with no door left to close, until a socket goes).
         let door = loop {
             if let Some(d) = app.capacity.enter() {
                 break Some(d);
             }
+            if app.capacity.evict_oldest() {
+                metrics::refused_global("door_evicted");
+            }
             if last_full.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
-                tracing::warn!(pending = app.capacity.doors(), "as many sockets as allowed are not sessions yet; new connections wait in the listen backlog");
+                tracing::warn!(pending = app.capacity.doors(), "as many sockets as allowed are not sessions yet; the oldest make way for new connections");
                 last_full = Some(tokio::time::Instant::now());
             }
             tokio::select! {

@@ -29,7 +29,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -75,6 +75,7 @@ pub(super) async fn serve(
         router,
         peer,
         handoff: handoff.clone(),
+        served: AtomicU32::new(0),
     };
     let mut conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -86,10 +87,25 @@ pub(super) async fn serve(
         // answers a larger one 431.
         .max_buf_size(super::head::MAX_HEAD_BYTES)
         .serve_connection(io, service);
+    // Past its age the connection ends after the request it is serving
+    // (at once when idle), however busy it is kept.
+    // So does a connection told to make way for a new one at the door
+    // bound (server/accept.rs).
+    let mut age = Box::pin(tokio::time::sleep(app.config.max_connection_age));
+    let mut evicted = Box::pin(door.evicted());
+    let mut ending = false;
     // Without shutdown: when a request became a session, the socket must
     // come back open.
     let done = tokio::select! {
-        r = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => r,
+        r = std::future::poll_fn(|cx| {
+            if !ending
+                && (age.as_mut().poll(cx).is_ready() || evicted.as_mut().poll(cx).is_ready())
+            {
+                ending = true;
+                Pin::new(&mut conn).graceful_shutdown();
+            }
+            conn.poll_without_shutdown(cx)
+        }) => r,
         _ = app.shutdown.cancelled() => {
             Pin::new(&mut conn).graceful_shutdown();
             let _ = tokio::time::timeout(
@@ -104,6 +120,7 @@ pub(super) async fn serve(
         tracing::trace!(error = %e, "http connection ended with an error");
         return;
     }
+    drop(evicted);
     let parts = conn.into_parts();
     let (unread, mut stream) = parts.io.into_inner().into_parts();
     let takeover = handoff.takeover.lock().take();
@@ -133,7 +150,13 @@ struct Door {
     router: axum::Router,
     peer: SocketAddr,
     handoff: Arc<Handoff>,
+    /// Requests this connection has been given.
+    served: AtomicU32,
 }
+
+/// Requests one kept-alive connection serves; the last is answered with
+/// `Connection: close` (nginx's `keepalive_requests` default).
+pub const MAX_REQUESTS: u32 = 1000;
 
 impl hyper::service::Service<Request<Incoming>> for Door {
     type Response = Response<Body>;
@@ -147,6 +170,7 @@ impl hyper::service::Service<Request<Incoming>> for Door {
         .then(|| RequestHead::from_http(&req));
         let route = head.as_ref().map_or(Route::Http, head::route);
         let (app, peer, handoff) = (self.app.clone(), self.peer, self.handoff.clone());
+        let last = self.served.fetch_add(1, Ordering::Relaxed) + 1 >= MAX_REQUESTS;
         match (route, head) {
             (Route::WebSocket { tenant }, Some(head)) => Box::pin(async move {
                 Ok(match open_ws(&app, &head, &tenant, peer).await {
@@ -154,7 +178,7 @@ impl hyper::service::Service<Request<Incoming>> for Door {
                         *handoff.takeover.lock() = Some(Takeover::Ws(admitted));
                         switching_protocols(&hs)
                     }
-                    Err(r) => refusal(r),
+                    Err(r) => closing(refusal(r), last),
                 })
             }),
             (Route::Sse { tenant }, Some(head)) => Box::pin(async move {
@@ -167,12 +191,12 @@ impl hyper::service::Service<Request<Incoming>> for Door {
                         handoff.discard_writes.store(true, Ordering::Release);
                         placeholder()
                     }
-                    Err(r) => refusal(r),
+                    Err(r) => closing(refusal(r), last),
                 })
             }),
             _ => {
                 let router = self.router.clone();
-                Box::pin(async move { router.oneshot(req).await })
+                Box::pin(async move { Ok(closing(router.oneshot(req).await?, last)) })
             }
         }
     }
@@ -209,6 +233,17 @@ fn placeholder() -> Response<Body> {
         header::CONNECTION,
         header::HeaderValue::from_static("close"),
     );
+    r
+}
+
+/// `r`, with `Connection: close` when it is the connection's last.
+fn closing(mut r: Response<Body>, last: bool) -> Response<Body> {
+    if last {
+        r.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
     r
 }
 

@@ -48,7 +48,12 @@ pub(super) async fn front_door(
     }
     let mut buf = Vec::with_capacity(1024);
     let head_timeout = app.config.head_timeout;
-    let head = match tokio::time::timeout(head_timeout, read_head(&mut stream, &mut buf)).await {
+    let read = tokio::select! {
+        r = tokio::time::timeout(head_timeout, read_head(&mut stream, &mut buf)) => r,
+        // At the door bound the oldest door makes way for a new connection.
+        _ = door.evicted() => return,
+    };
+    let head = match read {
         Ok(Ok(Some(h))) => h,
         Ok(Ok(None)) | Err(_) => return,
         Ok(Err(HeadFailure::Io)) => return,

@@ -2,8 +2,9 @@
 //! terminating proxy.
 //!
 //! Owns: the public listener when TLS is on. Each connection's handshake
-//! (rustls, ring; bounded in number by `--max-pending-connections` and in
-//! time by `--head-timeout-secs`) is done here, and the plaintext is bridged
+//! (rustls, ring; bounded in number by `--max-pending-connections`, per
+//! client address by `--max-pending-per-address`, and in time by
+//! `--head-timeout-secs`) is done here, and the plaintext is bridged
 //! over loopback to a private listener that the ordinary accept loop serves:
 //! every session, limit and refusal path is the same with and without TLS.
 //! Invariants: the front door sees the client's own address, not the
@@ -120,6 +121,10 @@ async fn terminate(
         app.config.max_pending_connections.max(1),
     ));
     let deadline = app.config.head_timeout;
+    let per_address = Arc::new(Handshakes {
+        max: app.config.max_pending_per_address,
+        open: Mutex::new(HashMap::new()),
+    });
     loop {
         let permit = tokio::select! {
             _ = app.accepting.cancelled() => return,
@@ -149,6 +154,13 @@ async fn terminate(
                 }
             },
         };
+        // One address may have as many handshakes going as it may hold
+        // doors: past that its connection is closed at once.
+        let Some(claim) = Handshakes::claim(&per_address, peer.ip()) else {
+            crate::metrics::refused_global("address_handshakes");
+            drop(tcp);
+            continue;
+        };
         let (acceptor, peers) = (acceptor.clone(), peers.clone());
         let send_buffer = app.config.socket_send_buffer;
         app.tracker.spawn(async move {
@@ -164,9 +176,43 @@ async fn terminate(
             let Ok(Ok(mut tls)) = tokio::time::timeout(deadline, acceptor.accept(tcp)).await else {
                 return;
             };
-            drop(permit);
+            drop((permit, claim));
             let _ = bridge(&mut tls, peer, to, &peers).await;
         });
+    }
+}
+
+/// Handshakes in progress per client address, and how many one may have
+/// (0: no bound).
+struct Handshakes {
+    max: usize,
+    open: Mutex<HashMap<std::net::IpAddr, usize>>,
+}
+
+/// One handshake counted under its address until dropped.
+struct Claim(Arc<Handshakes>, std::net::IpAddr);
+
+impl Handshakes {
+    fn claim(this: &Arc<Handshakes>, ip: std::net::IpAddr) -> Option<Claim> {
+        let mut open = this.open.lock();
+        let n = open.entry(ip).or_insert(0);
+        if this.max > 0 && *n >= this.max {
+            return None;
+        }
+        *n += 1;
+        Some(Claim(this.clone(), ip))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut open = self.0.open.lock();
+        if let Some(n) = open.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.1);
+            }
+        }
     }
 }
 

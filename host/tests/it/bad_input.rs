@@ -58,12 +58,13 @@ async fn http_errors_name_the_problem() {
     let h = spawn_host().await;
     let key = h.public_tenant("acme").await;
 
-    // Unknown tenant: 404 on the handshake.
+    // Unknown tenant: 401 on the handshake (as a tenant refusing a caller
+    // without credentials: tests/it/probing.rs).
     let err = tokio_tungstenite::connect_async(h.ws_url("nope"))
         .await
         .unwrap_err();
     match err {
-        tokio_tungstenite::tungstenite::Error::Http(r) => assert_eq!(r.status(), 404),
+        tokio_tungstenite::tungstenite::Error::Http(r) => assert_eq!(r.status(), 401),
         other => panic!("{other}"),
     }
     // Publish: an unknown tenant and a wrong key get the same 401, so tenant
@@ -177,7 +178,7 @@ async fn http_errors_name_the_problem() {
     // SSE: missing or bad channels.
     assert_eq!(h.sse("acme", "", None).await.status, 400);
     assert_eq!(h.sse("acme", "ch=a%20b", None).await.status, 400);
-    assert_eq!(h.sse("nope", "ch=a", None).await.status, 404);
+    assert_eq!(h.sse("nope", "ch=a", None).await.status, 401);
 
     // Unknown routes: 404 with a JSON error.
     let r = h.http.get(h.url("/no/such/route")).send().await.unwrap();
@@ -221,10 +222,12 @@ async fn plugin_access_without_plugin_fails_closed() {
         .await
         .unwrap_err();
     match err {
-        tokio_tungstenite::tungstenite::Error::Http(r) => assert_eq!(r.status(), 403),
+        tokio_tungstenite::tungstenite::Error::Http(r) => assert_eq!(r.status(), 401),
         other => panic!("{other}"),
     }
-    assert_eq!(h.sse("locked", "ch=a", None).await.status, 403);
+    assert_eq!(h.sse("locked", "ch=a", None).await.status, 401);
+    // With credentials, the reason.
+    assert_eq!(h.sse("locked", "ch=a&token=t", None).await.status, 403);
     h.stop().await;
 }
 

@@ -12,6 +12,7 @@ mod frontdoor;
 mod helpers;
 mod kafka;
 mod kafka_options;
+mod keepalive;
 mod lifecycle;
 mod limits;
 mod openapi;

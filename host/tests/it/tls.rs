@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::rustls;
 
-fn self_signed(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+pub(crate) fn self_signed(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     let (cert, key) = (
         dir.join(format!("{name}.crt")),
         dir.join(format!("{name}.key")),
@@ -57,7 +57,10 @@ fn connector(cert: &Path) -> tokio_rustls::TlsConnector {
     tokio_rustls::TlsConnector::from(Arc::new(config))
 }
 
-async fn tls_to(h: &Host, cert: &Path) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+pub(crate) async fn tls_to(
+    h: &Host,
+    cert: &Path,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let tcp = tokio::net::TcpStream::connect(h.addr).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
     connector(cert)
@@ -68,7 +71,7 @@ async fn tls_to(h: &Host, cert: &Path) -> tokio_rustls::client::TlsStream<tokio:
 
 /// A host serving TLS with `cert`, once it is ready (the harness's
 /// readiness poll is plain HTTP: this one polls over TLS).
-async fn spawn_tls(cert: &Path, key: &Path) -> Host {
+pub(crate) async fn spawn_tls(cert: &Path, key: &Path) -> Host {
     let mut opts = HostOptions::new();
     opts.config.tls = Some((cert.to_path_buf(), key.to_path_buf()));
     let h = spawn_unchecked(opts);
