@@ -96,7 +96,9 @@ pub struct ServeArgs {
     /// Connections across all tenants; default and ceiling: what the open-files limit allows.
     #[arg(long, env = "HERALD_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
-    /// Refuse new connections (503 / 1013) when the process RSS passes this many MiB.
+    /// Refuse new connections (503 / 1013) when the process RSS passes this
+    /// many MiB. Default: nine tenths of the cgroup's memory limit where one
+    /// is set (a container's), else none; 0: none.
     #[arg(long, env = "HERALD_MEMORY_BUDGET_MIB")]
     pub memory_budget_mib: Option<u64>,
     /// Sockets that are not sessions yet (before their handshake) or plain
@@ -485,7 +487,11 @@ impl ServeArgs {
             demo_interval: (self.demo && self.demo_interval_ms > 0)
                 .then(|| Duration::from_millis(self.demo_interval_ms)),
             max_connections: self.max_connections,
-            memory_budget_bytes: self.memory_budget_mib.map(|m| m * 1024 * 1024),
+            memory_budget_bytes: match self.memory_budget_mib {
+                Some(0) => None,
+                Some(m) => Some(m * 1024 * 1024),
+                None => crate::cgroup::memory_limit().map(crate::cgroup::budget),
+            },
             max_pending_connections: self.max_pending_connections,
             max_pending_per_address: self
                 .max_pending_per_address
@@ -510,6 +516,8 @@ impl ServeArgs {
             socket_send_buffer: (self.socket_send_buffer > 0).then_some(self.socket_send_buffer),
             limits: TenantLimits {
                 max_connections: l.tenant_max_connections,
+                connection_share_percent: None,
+                max_connections_per_address: None,
                 max_subscriptions: l.max_subscriptions,
                 max_message_bytes: l.max_message_bytes,
                 queue_bytes: l.queue_bytes,

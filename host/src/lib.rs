@@ -7,6 +7,7 @@
 pub mod admin_cli;
 pub mod api;
 pub mod app;
+mod cgroup;
 pub mod cli;
 pub mod cluster;
 pub mod config;
@@ -383,6 +384,12 @@ async fn close_spread(app: &App, spread: Duration) {
 /// Reads RSS four times a second (a read of /proc/self/status costs
 /// microseconds); admission adds what it admitted since (`MemoryGauge`).
 async fn watch_memory(app: Arc<App>) {
+    if let Some(budget) = app.config.memory_budget_bytes {
+        tracing::info!(
+            budget_mib = budget >> 20,
+            "memory budget: new connections are refused near it (--memory-budget-mib, else nine tenths of the cgroup's limit)"
+        );
+    }
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         tokio::select! {

@@ -48,6 +48,13 @@ impl Access {
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct TenantLimits {
     pub max_connections: Option<usize>,
+    /// Share (percent) of the process's session capacity the tenant may
+    /// hold when `max_connections` is not set; `None`: 50 for a public
+    /// tenant, 100 for a plugin one ([`TenantLimits::session_cap`]).
+    pub connection_share_percent: Option<u8>,
+    /// Sessions from one client address; `None`: 1000 for a public tenant,
+    /// no bound for a plugin one.
+    pub max_connections_per_address: Option<usize>,
     pub max_subscriptions: usize,
     pub max_message_bytes: usize,
     pub queue_bytes: usize,
@@ -83,7 +90,37 @@ pub struct TenantLimits {
     pub client_ops_burst: u32,
 }
 
+/// A public tenant's default share of the process's sessions (percent).
+pub const PUBLIC_SHARE_PERCENT: u8 = 50;
+/// A public tenant's default sessions per client address (a large NAT
+/// still fits; one machine cannot take the tenant).
+pub const PUBLIC_PER_ADDRESS: usize = 1000;
+
 impl TenantLimits {
+    /// The most sessions the tenant may hold in a process of `capacity`:
+    /// its `max_connections`, else its share of the capacity.
+    pub fn session_cap(&self, access: Access, capacity: usize) -> usize {
+        if let Some(m) = self.max_connections {
+            return m;
+        }
+        let share = self.connection_share_percent.unwrap_or(match access {
+            Access::Public => PUBLIC_SHARE_PERCENT,
+            Access::Plugin => 100,
+        });
+        if share >= 100 {
+            return usize::MAX;
+        }
+        (capacity / 100).saturating_mul(share as usize) + (capacity % 100) * share as usize / 100
+    }
+
+    /// The most sessions the tenant may hold from one client address.
+    pub fn per_address_cap(&self, access: Access) -> Option<usize> {
+        self.max_connections_per_address.or(match access {
+            Access::Public => Some(PUBLIC_PER_ADDRESS),
+            Access::Plugin => None,
+        })
+    }
+
     pub fn history(&self) -> HistoryLimits {
         HistoryLimits {
             max_messages: self.history_size,
@@ -110,6 +147,10 @@ impl TenantLimits {
 pub struct LimitOverrides {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connection_share_percent: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connections_per_address: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_subscriptions: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -157,6 +198,12 @@ impl LimitOverrides {
     pub fn apply(&self, defaults: &TenantLimits) -> Result<TenantLimits, String> {
         let l = TenantLimits {
             max_connections: self.max_connections.or(defaults.max_connections),
+            connection_share_percent: self
+                .connection_share_percent
+                .or(defaults.connection_share_percent),
+            max_connections_per_address: self
+                .max_connections_per_address
+                .or(defaults.max_connections_per_address),
             max_subscriptions: self.max_subscriptions.unwrap_or(defaults.max_subscriptions),
             max_message_bytes: self.max_message_bytes.unwrap_or(defaults.max_message_bytes),
             queue_bytes: self.queue_bytes.unwrap_or(defaults.queue_bytes),
@@ -217,6 +264,14 @@ impl LimitOverrides {
             return Err(
                 "limits.conflation_max_bytes must be at least limits.max_message_bytes".into(),
             );
+        }
+        if l.connection_share_percent
+            .is_some_and(|p| !(1..=100).contains(&p))
+        {
+            return Err("limits.connection_share_percent must be between 1 and 100".into());
+        }
+        if l.max_connections_per_address == Some(0) {
+            return Err("limits.max_connections_per_address must be at least 1".into());
         }
         if !(1..=100).contains(&l.memory_share_percent) {
             return Err("limits.memory_share_percent must be between 1 and 100".into());
@@ -355,6 +410,8 @@ pub struct Tenant {
     settings: RwLock<Arc<TenantSettings>>,
     pub hub: Hub,
     connections: AtomicUsize,
+    /// Sessions per client address, where the tenant bounds them.
+    per_address: Mutex<HashMap<std::net::IpAddr, u32>>,
     rate: Mutex<TokenBucket>,
     /// Every live session, so deletion, an access change or shutdown can
     /// close them; no per-session waiter needed.
@@ -406,6 +463,7 @@ impl Tenant {
             settings: RwLock::new(Arc::new(settings)),
             hub: Hub::default(),
             connections: AtomicUsize::new(0),
+            per_address: Mutex::new(HashMap::new()),
             rate: Mutex::new(rate),
             sessions: SessionRegistry::default(),
             metrics: TenantMetrics::new(id),
@@ -684,6 +742,10 @@ impl Drop for DoorSlot {
 pub enum Refusal {
     GlobalConnections,
     TenantConnections,
+    /// The tenant holds its share of the process (no `max_connections`).
+    TenantShare,
+    /// The tenant holds as many sessions from this client address as it may.
+    AddressConnections,
     MemoryBudget,
     ShuttingDown,
 }
@@ -693,6 +755,8 @@ impl Refusal {
         match self {
             Refusal::GlobalConnections => "global_connections",
             Refusal::TenantConnections => "tenant_connections",
+            Refusal::TenantShare => "tenant_share",
+            Refusal::AddressConnections => "address_connections",
             Refusal::MemoryBudget => "memory_budget",
             Refusal::ShuttingDown => "shutting_down",
         }
@@ -792,6 +856,17 @@ impl Capacity {
 
     /// Takes a global and a tenant slot, or neither.
     pub fn acquire(self: &Arc<Self>, tenant: &Arc<Tenant>) -> Result<ConnectionSlot, Refusal> {
+        self.acquire_from(tenant, None)
+    }
+
+    /// A session slot for a client at `address`: within the process's
+    /// capacity, the tenant's cap (its `max_connections`, else its share of
+    /// the capacity) and its bound per client address.
+    pub fn acquire_from(
+        self: &Arc<Self>,
+        tenant: &Arc<Tenant>,
+        address: Option<std::net::IpAddr>,
+    ) -> Result<ConnectionSlot, Refusal> {
         let max = self.max;
         if self
             .current
@@ -802,15 +877,36 @@ impl Capacity {
         {
             return Err(Refusal::GlobalConnections);
         }
-        if !tenant.try_acquire(tenant.settings().limits.max_connections) {
+        let settings = tenant.settings();
+        let limits = &settings.limits;
+        let cap = limits.session_cap(settings.access, max);
+        if !tenant.try_acquire(Some(cap)) {
             self.current.fetch_sub(1, Ordering::AcqRel);
-            return Err(Refusal::TenantConnections);
+            return Err(if limits.max_connections.is_some() {
+                Refusal::TenantConnections
+            } else {
+                Refusal::TenantShare
+            });
         }
         tenant.metrics.connections.increment(1.0);
-        Ok(ConnectionSlot {
+        let mut slot = ConnectionSlot {
             capacity: self.clone(),
             tenant: tenant.clone(),
-        })
+            address: None,
+        };
+        if let (Some(ip), Some(per)) = (address, limits.per_address_cap(settings.access)) {
+            let mut map = tenant.per_address.lock();
+            let n = map.entry(ip).or_insert(0);
+            if *n as usize >= per {
+                drop(map);
+                // Dropping the slot gives back what it took.
+                drop(slot);
+                return Err(Refusal::AddressConnections);
+            }
+            *n += 1;
+            slot.address = Some(ip);
+        }
+        Ok(slot)
     }
 }
 
@@ -818,12 +914,23 @@ impl Capacity {
 pub struct ConnectionSlot {
     capacity: Arc<Capacity>,
     pub tenant: Arc<Tenant>,
+    /// The client address it counts under (public tenants).
+    address: Option<std::net::IpAddr>,
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         self.capacity.current.fetch_sub(1, Ordering::AcqRel);
         self.tenant.connections.fetch_sub(1, Ordering::AcqRel);
+        if let Some(ip) = self.address {
+            let mut map = self.tenant.per_address.lock();
+            if let Some(n) = map.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&ip);
+                }
+            }
+        }
         self.tenant.metrics.connections.decrement(1.0);
     }
 }

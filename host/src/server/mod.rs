@@ -339,7 +339,7 @@ async fn admit(
     head: &RequestHead,
     peer: SocketAddr,
 ) -> Result<Admitted, Refused> {
-    let admitted = match check_admission(app, tenant_id) {
+    let admitted = match check_admission(app, tenant_id, peer) {
         Ok(Admission::Done(a)) => Ok(a),
         Ok(Admission::Authorize(slot, plugin)) => {
             let cookie_ok = app
@@ -366,7 +366,11 @@ enum Admission {
     ),
 }
 
-fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused> {
+fn check_admission(
+    app: &Arc<App>,
+    tenant_id: &str,
+    peer: SocketAddr,
+) -> Result<Admission, Refused> {
     if !app.admits_sessions() {
         metrics::refused_global(Refusal::ShuttingDown.as_str());
         return Err(busy(
@@ -406,10 +410,13 @@ fn check_admission(app: &Arc<App>, tenant_id: &str) -> Result<Admission, Refused
             ),
         ));
     }
-    let slot = app.capacity.acquire(&t).map_err(|r| {
-        t.metrics.refused(r.as_str());
-        busy(r.as_str(), "server is over capacity; retry later")
-    })?;
+    let slot = app
+        .capacity
+        .acquire_from(&t, Some(peer.ip()))
+        .map_err(|r| {
+            t.metrics.refused(r.as_str());
+            busy(r.as_str(), "server is over capacity; retry later")
+        })?;
     app.memory.admitted();
     if t.settings().access == Access::Public {
         return Ok(Admission::Done(Admitted {

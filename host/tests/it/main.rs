@@ -26,6 +26,7 @@ mod plugins_output;
 mod positions;
 mod probing;
 mod protections;
+mod public_share;
 mod publish_retries;
 mod pubsub;
 mod readme;

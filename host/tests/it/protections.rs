@@ -46,7 +46,10 @@ async fn public(node: &Node, id: &str) -> String {
         .admin(
             Method::POST,
             "/admin/v1/tenants",
-            json!({"id":id,"access":"public"}),
+            // The floods here come from one address and test the process's
+            // own bounds: a public tenant's default shares would refuse first.
+            json!({"id":id,"access":"public",
+                   "limits":{"connection_share_percent":100,"max_connections_per_address":100000}}),
         )
         .await;
     assert_eq!(s, 201, "{v}");
