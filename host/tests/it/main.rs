@@ -10,6 +10,7 @@ mod conformance;
 mod dashboard;
 mod frontdoor;
 mod helpers;
+mod hostile_figures;
 mod kafka;
 mod kafka_options;
 mod keepalive;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_tungstenite::tungstenite::Message;
 
-fn now_us() -> u64 {
+pub(crate) fn now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -23,12 +23,12 @@ fn now_us() -> u64 {
 /// What a calm subscriber saw, per phase (0: no attack, 1: the storm):
 /// message delays and pings.
 #[derive(Default)]
-struct Seen {
-    delays_us: [Vec<u64>; 2],
-    pings: [usize; 2],
+pub(crate) struct Seen {
+    pub(crate) delays_us: [Vec<u64>; 2],
+    pub(crate) pings: [usize; 2],
 }
 
-async fn watch(mut ws: Ws, storm_start: Instant, until: Instant) -> Seen {
+pub(crate) async fn watch(mut ws: Ws, storm_start: Instant, until: Instant) -> Seen {
     let mut seen = Seen::default();
     while let Ok(Some(Ok(m))) = tokio::time::timeout_at(until.into(), ws.s.next()).await {
         match m {
@@ -47,7 +47,7 @@ async fn watch(mut ws: Ws, storm_start: Instant, until: Instant) -> Seen {
     seen
 }
 
-fn percentiles(mut d: Vec<u64>) -> (u64, u64, u64) {
+pub(crate) fn percentiles(mut d: Vec<u64>) -> (u64, u64, u64) {
     d.sort_unstable();
     (d[d.len() / 2], d[d.len() * 99 / 100], d[d.len() - 1])
 }
@@ -64,7 +64,7 @@ async fn node_with(body: Value) -> (tempfile::TempDir, Node) {
 
 /// The calm tenant publishes 50 messages a second, stamped with the time
 /// and `phase`, until `end`; returns how many.
-async fn publish_until(node: &Node, key: &str, phase: u64, end: Instant) -> usize {
+pub(crate) async fn publish_until(node: &Node, key: &str, phase: u64, end: Instant) -> usize {
     let mut sent = 0;
     while Instant::now() < end {
         let (s, v) = node

@@ -120,7 +120,7 @@ pub fn component(extra: &str, init: &str) -> Vec<u8> {
 
 /// [`component`] with `memories` more linear memories and `tables` tables
 /// of `elements` elements each.
-fn hostile_component(memories: usize, tables: usize, elements: u64) -> Vec<u8> {
+pub(crate) fn hostile_component(memories: usize, tables: usize, elements: u64) -> Vec<u8> {
     let mut extra = String::new();
     for _ in 0..memories {
         extra.push_str("  (memory 1)\n");
@@ -191,7 +191,7 @@ async fn components_that_make_too_much_are_refused_by_name() {
 }
 
 /// `_initialize` that spins for `ms` milliseconds of the host's clock.
-fn spin(ms: u64) -> String {
+pub(crate) fn spin(ms: u64) -> String {
     format!(
         "call 1 local.set 0
     loop

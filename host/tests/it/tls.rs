@@ -41,7 +41,7 @@ pub(crate) fn self_signed(dir: &Path, name: &str) -> (std::path::PathBuf, std::p
     (cert, key)
 }
 
-fn connector(cert: &Path) -> tokio_rustls::TlsConnector {
+pub(crate) fn connector(cert: &Path) -> tokio_rustls::TlsConnector {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls::pki_types::CertificateDer::pem_file_iter(cert).unwrap() {
