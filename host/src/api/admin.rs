@@ -219,6 +219,29 @@ pub(super) async fn show(
     Ok(Json(view(&rec, app.tenants.get(&id).as_deref())))
 }
 
+/// Reads the tenant's row, applies `change` and writes it back unless
+/// another write landed in between, in which case it reads the new row and
+/// applies `change` again: concurrent changes of different fields all hold.
+async fn rewrite(
+    app: &App,
+    id: &str,
+    change: impl Fn(&mut TenantRecord) -> Result<(), ApiError>,
+) -> Result<TenantRecord, ApiError> {
+    for _ in 0..32 {
+        let mut rec = app.registry.get_tenant(id).await?;
+        let seen = rec.updated_at_ms;
+        change(&mut rec)?;
+        rec.updated_at_ms = now_ms().max(seen + 1);
+        settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
+        if app.registry.update_tenant_if(&rec, seen).await? {
+            return Ok(rec);
+        }
+    }
+    Err(ApiError::Conflict(format!(
+        "tenant {id:?} kept changing under this change; try again"
+    )))
+}
+
 fn merge_patch(target: &mut Value, patch: &Value) {
     if let (Some(t), Some(p)) = (target.as_object_mut(), patch.as_object()) {
         for (k, v) in p {
@@ -233,37 +256,37 @@ fn merge_patch(target: &mut Value, patch: &Value) {
 
 #[utoipa::path(patch, path = "/admin/v1/tenants/{tenant}", tag = "tenants", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
     request_body = PatchTenant,
-    responses((status = 200, body = super::doc::TenantView), (status = 400, description = "bad input; nothing changed", body = super::doc::ErrorBody), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
+    responses((status = 200, body = super::doc::TenantView), (status = 400, description = "bad input; nothing changed", body = super::doc::ErrorBody), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody), (status = 409, description = "the tenant kept changing under this change (32 tries); nothing changed", body = super::doc::ErrorBody)))]
 pub(super) async fn update(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let req: PatchTenant = parse_json(&body)?;
-    let mut rec = app.registry.get_tenant(&id).await?;
-    if let Some(a) = req.access {
-        rec.access = a.as_str().into();
-    }
-    if let Some(c) = req.config {
-        check_config(&c)?;
-        rec.config = c;
-    }
-    if let Some(c) = req.conflation {
-        rec.conflation = c;
-    }
-    if let Some(o) = req.allowed_origins {
-        rec.allowed_origins = o;
-    }
-    if let Some(l) = req.limits {
-        if !l.is_object() {
-            return Err(ApiError::BadRequest("limits: must be a JSON object".into()));
+    let rec = rewrite(&app, &id, |rec| {
+        if let Some(a) = req.access {
+            rec.access = a.as_str().into();
         }
-        merge_patch(&mut rec.limits, &l);
-        check_limits(&app, &rec.limits)?;
-    }
-    rec.updated_at_ms = now_ms();
-    settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
-    app.registry.update_tenant(&rec).await?;
+        if let Some(c) = &req.config {
+            check_config(c)?;
+            rec.config = c.clone();
+        }
+        if let Some(c) = &req.conflation {
+            rec.conflation = c.clone();
+        }
+        if let Some(o) = &req.allowed_origins {
+            rec.allowed_origins = o.clone();
+        }
+        if let Some(l) = &req.limits {
+            if !l.is_object() {
+                return Err(ApiError::BadRequest("limits: must be a JSON object".into()));
+            }
+            merge_patch(&mut rec.limits, l);
+            check_limits(&app, &rec.limits)?;
+        }
+        Ok(())
+    })
+    .await?;
     // Applied as every other node applies it (a changed config or sandbox
     // reloads the active plugin with the new ones).
     let (_, tenant) = reconcile::tenant(&app, &id).await?;
@@ -289,12 +312,12 @@ pub(super) async fn rotate_key(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let mut rec = app.registry.get_tenant(&id).await?;
     let key = new_secret("pk_");
-    rec.publish_key_sha256 = hex(&key_digest(&key));
-    rec.updated_at_ms = now_ms();
-    settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
-    app.registry.update_tenant(&rec).await?;
+    rewrite(&app, &id, |rec| {
+        rec.publish_key_sha256 = hex(&key_digest(&key));
+        Ok(())
+    })
+    .await?;
     reconcile::tenant(&app, &id).await?;
     Ok(Json(json!({ "id": id, "publish_key": key })))
 }

@@ -3,7 +3,7 @@
 //! answer.
 //!
 //! Invariant: every route of the router that is not a session (WebSocket,
-//! SSE: the client protocol, DESIGN.md) is an operation here, and every
+//! SSE: the client protocol, README.md) is an operation here, and every
 //! answer a handler gives matches its schema — `tests/it/openapi.rs` calls
 //! every operation and validates each real answer against this document.
 //! Answers a handler builds as JSON (rather than serializing one of these
@@ -17,7 +17,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
 #[openapi(
     info(
         title = "Herald",
-        description = "Admin REST (bearer admin token), HTTP publish (bearer publish key), health, readiness and metrics. Sessions (WebSocket at /v1/t/{tenant}/ws, SSE at /v1/t/{tenant}/sse) speak the client protocol of DESIGN.md."
+        description = "Admin REST (bearer admin token), HTTP publish (bearer publish key), health, readiness and metrics. Sessions (WebSocket at /v1/t/{tenant}/ws, SSE at /v1/t/{tenant}/sse) speak the client protocol in the README, \"Client protocol (v1)\"."
     ),
     paths(
         super::admin::create,

@@ -252,7 +252,7 @@ mod tests {
         assert!(!p.exists());
     }
 
-    /// Issue 19: a cache another local user can write to could be given
+    /// A cache another local user can write to could be given
     /// native code to load: such a directory is refused, not used.
     #[test]
     fn a_cache_directory_others_can_write_is_refused() {
@@ -272,7 +272,7 @@ mod tests {
         assert_eq!(mode & 0o777, 0o700, "{mode:o}");
     }
 
-    /// Issue 19: whoever can put a file in the cache must not choose the
+    /// Whoever can put a file in the cache must not choose the
     /// native code Herald runs. An artifact whole by its own checksum but
     /// not written under this cache's key (here: copied from another cache,
     /// as an attacker would plant one made elsewhere) is compiled over,

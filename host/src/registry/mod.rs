@@ -260,6 +260,37 @@ impl Registry {
         found(r.rows_affected(), &t.id)
     }
 
+    /// Writes `t` only while the row's `updated_at` is still `seen` (what
+    /// the writer read): false when another write landed in between (read
+    /// again and reapply), `NotFound` when the tenant is gone. The caller
+    /// sets `t.updated_at_ms` past `seen`, so every such write moves it.
+    pub async fn update_tenant_if(
+        &self,
+        t: &TenantRecord,
+        seen: i64,
+    ) -> Result<bool, RegistryError> {
+        debug_assert!(t.updated_at_ms > seen);
+        let r = sqlx::query(
+            "UPDATE tenants SET access = $1, config = $2, limits = $3, publish_key_sha256 = $4, updated_at = $5, \
+             conflation = $6, allowed_origins = $7 WHERE id = $8 AND updated_at = $9",
+        )
+        .bind(&t.access)
+        .bind(t.config.to_string())
+        .bind(t.limits.to_string())
+        .bind(&t.publish_key_sha256)
+        .bind(t.updated_at_ms)
+        .bind(t.conflation.to_string())
+        .bind(t.allowed_origins.to_string())
+        .bind(&t.id)
+        .bind(seen)
+        .execute(&self.pool)
+        .await?;
+        if r.rows_affected() == 1 {
+            return Ok(true);
+        }
+        self.get_tenant(&t.id).await.map(|_| false)
+    }
+
     pub async fn delete_tenant(&self, id: &str) -> Result<(), RegistryError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("DELETE FROM plugins WHERE tenant_id = $1")

@@ -291,7 +291,7 @@ async fn metrics_can_require_a_token() {
     h.stop().await;
 }
 
-/// Issue 19: a request head is at most 16 KiB, on the first request of a
+/// A request head is at most 16 KiB, on the first request of a
 /// connection and on every later one of a kept-alive connection (hyper's
 /// own default took ~400 KB), and one that arrives whole in one write too.
 #[tokio::test]

@@ -395,7 +395,7 @@ pub(crate) async fn closed_within(stream: &mut TcpStream, within: Duration) -> O
 
 /// Issue 11: sockets that never finish a request head (slowloris) are
 /// counted and bounded; each slow one is closed at the head deadline however
-/// it dribbles, and (issue 19) past the bound a new connection does not wait
+/// it dribbles, and past the bound a new connection does not wait
 /// for that: the oldest slow one is closed to make way for it.
 #[tokio::test]
 async fn slowloris_sockets_are_bounded_and_timed_out() {
@@ -537,7 +537,7 @@ async fn a_dribbled_frame_is_cut_off_at_the_deadline() {
     h.stop().await;
 }
 
-/// Issue 19: with `--admin-listen` the admin API has a door of its own that
+/// With `--admin-listen` the admin API has a door of its own that
 /// no client load can fill: while every client door of the main listener is
 /// taken, an operator still gets answers there; and the main listener no
 /// longer serves `/admin`.
@@ -590,7 +590,7 @@ async fn the_admin_listener_answers_while_client_doors_are_full() {
     h.stop().await;
 }
 
-/// Issue 19: one address cannot take every door. Past
+/// One address cannot take every door. Past
 /// `--max-pending-per-address` sockets that are not sessions yet, another
 /// from the same address is closed at once (not parked in the backlog),
 /// while other addresses are served.

@@ -1,4 +1,4 @@
-//! Issue 19's figures (BENCHMARKS.md, "Hostile tenants, round 2"): for each
+//! The hostile figures (BENCHMARKS.md, "Hostile tenants, round 2"): for each
 //! attack, a calm tenant's delivery delays without it (3 s) and under it
 //! (4 s) on one `herald serve` process of the test build, and what the
 //! attacker holds once it stops (the server's open descriptors against the

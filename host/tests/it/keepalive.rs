@@ -1,4 +1,4 @@
-//! Issue 19: a kept-alive connection is not a door held for good. It serves
+//! A kept-alive connection is not a door held for good. It serves
 //! at most `server::http::MAX_REQUESTS` requests (the last answered with
 //! `Connection: close`) and lives at most `max_connection_age`; with TLS, one
 //! address cannot hold more handshakes than it may hold doors.

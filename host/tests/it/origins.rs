@@ -144,7 +144,7 @@ async fn bad_origins_are_refused_with_a_reason() {
     h.stop().await;
 }
 
-/// Issue 19: a tenant without `allowed_origins` takes a `herald_token`
+/// A tenant without `allowed_origins` takes a `herald_token`
 /// cookie only from a page of the server's own origin (or from a client
 /// that sends no Origin, which no browser omits on a WebSocket): another
 /// site's page must not ride on the cookie a browser sends along. Bearer,

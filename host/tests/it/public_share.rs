@@ -1,4 +1,4 @@
-//! Issue 19: anonymous clients of one public tenant cannot take the whole
+//! Anonymous clients of one public tenant cannot take the whole
 //! process. A public tenant holds at most `connection_share_percent` (50 by
 //! default) of the process's session capacity unless its `max_connections`
 //! says otherwise, and at most `max_connections_per_address` (1000 by

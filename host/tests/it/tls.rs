@@ -223,7 +223,7 @@ impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> WsOver<S> {
     }
 }
 
-/// Issue 19: clients that finish the TLS handshake and then go silent, never
+/// Clients that finish the TLS handshake and then go silent, never
 /// closing, are not held for ever: once the front door gives up on them
 /// (the head timeout), the bridge closes too, within a short grace. Counted
 /// on a Herald process of its own: its open descriptors come back down.
@@ -315,7 +315,7 @@ async fn silent_tls_clients_are_not_held_for_ever() {
     let _ = child.kill().await;
 }
 
-/// Issue 19: the admin token never crosses a network in clear. The CLI
+/// The admin token never crosses a network in clear. The CLI
 /// speaks TLS (trusting the system's roots, or `--ca-cert`), refuses a
 /// certificate it cannot verify, and will not send the token over plain
 /// HTTP to anything but loopback unless told to (`--allow-http`).

@@ -84,7 +84,11 @@ async fn admin_changes_reach_every_node() {
         assert_eq!(closed.0, 4000);
     }
     for other in [a, b] {
-        assert_eq!(other.ws("cl-admin", "").await.err().map(|e| e.0), Some(404));
+        assert_eq!(
+            other.ws("cl-admin", "").await.err().map(|e| e.0),
+            Some(401),
+            "gone: answered as an unknown tenant"
+        );
     }
 
     // The cluster view lists every node with what it runs.
@@ -203,7 +207,7 @@ async fn a_cut_registry_connection_reconciles() {
 
     proxy.restore();
     let took = within(Duration::from_secs(5), "A reconciled", || async {
-        a.ws("cl-gone", "").await.err().map(|e| e.0) == Some(404)
+        a.ws("cl-gone", "").await.err().map(|e| e.0) == Some(401)
     })
     .await;
     assert_eq!(on_a.closed().await.0, 4000, "its sessions closed");
@@ -264,7 +268,7 @@ async fn the_periodic_reconcile_finds_a_silent_change() {
                 .await
                 .0
                 == 401
-                && a.ws("cl-quiet2", "").await.err().map(|e| e.0) == Some(404)
+                && a.ws("cl-quiet2", "").await.err().map(|e| e.0) == Some(401)
         },
     )
     .await;
