@@ -324,9 +324,7 @@ pub async fn run(
     // Readers finish their batch and store their positions; then every
     // conflation window is closed, so what it held reaches the sessions,
     // which send their queues before they close with 1001.
-    for t in app.tenants.all() {
-        source::stopped(&t).await;
-    }
+    source::stopped_all(&app.tenants.all()).await;
     for t in app.tenants.all() {
         ingest::flush(&t);
         t.sessions

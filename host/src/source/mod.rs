@@ -586,6 +586,12 @@ pub async fn stopped(tenant: &Tenant) {
     }
 }
 
+/// Stops every tenant's reader at once: all of them get the same
+/// [`STOP_GRACE`], so a shutdown waits for the slowest one, not their sum.
+pub async fn stopped_all(tenants: &[Arc<Tenant>]) {
+    futures_util::future::join_all(tenants.iter().map(|t| stopped(t))).await;
+}
+
 /// The `status` frame a new session gets when the source is not live.
 pub fn status_for_new_session(tenant: &Tenant) -> Option<String> {
     let slot = tenant.source.lock();

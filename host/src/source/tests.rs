@@ -78,3 +78,23 @@ fn a_generation_names_another_position_space() {
         r#"{"kind":"postgres_outbox","database_url":"postgres://h/d","table":"o","generation":2}"#;
     assert_ne!(seed(&parse(outbox)), seed(&parse(outbox_2)));
 }
+
+/// Readers that do not stop when told (a query that hangs, a broker that
+/// does not answer) cost a shutdown one grace, not one per tenant.
+#[tokio::test]
+async fn every_reader_stops_under_one_deadline() {
+    let tenants: Vec<Arc<Tenant>> = (0..3)
+        .map(|i| crate::tenant::tests::public_tenant(&format!("stuck-{i}")))
+        .collect();
+    for t in &tenants {
+        // Ignores its stop token.
+        t.source.lock().done = Some(tokio::spawn(tokio::time::sleep(Duration::from_secs(30))));
+    }
+    let started = std::time::Instant::now();
+    stopped_all(&tenants).await;
+    let took = started.elapsed();
+    assert!(
+        took < STOP_GRACE + Duration::from_secs(1),
+        "{took:?} for three stuck readers (one grace is {STOP_GRACE:?})"
+    );
+}
