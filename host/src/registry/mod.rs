@@ -242,24 +242,6 @@ impl Registry {
         }
     }
 
-    pub async fn update_tenant(&self, t: &TenantRecord) -> Result<(), RegistryError> {
-        let r = sqlx::query(
-            "UPDATE tenants SET access = $1, config = $2, limits = $3, publish_key_sha256 = $4, updated_at = $5, \
-             conflation = $6, allowed_origins = $7 WHERE id = $8",
-        )
-        .bind(&t.access)
-        .bind(t.config.to_string())
-        .bind(t.limits.to_string())
-        .bind(&t.publish_key_sha256)
-        .bind(t.updated_at_ms)
-        .bind(t.conflation.to_string())
-        .bind(t.allowed_origins.to_string())
-        .bind(&t.id)
-        .execute(&self.pool)
-        .await?;
-        found(r.rows_affected(), &t.id)
-    }
-
     /// Writes `t` only while the row's `updated_at` is still `seen` (what
     /// the writer read): false when another write landed in between (read
     /// again and reapply), `NotFound` when the tenant is gone. The caller

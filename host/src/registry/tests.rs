@@ -30,8 +30,17 @@ async fn exercise(reg: &Registry, prefix: &str) {
     assert_eq!(reg.get_tenant(&a.id).await.unwrap(), a);
     let mut changed = a.clone();
     changed.access = "plugin".into();
-    changed.updated_at_ms = 2;
-    reg.update_tenant(&changed).await.unwrap();
+    changed.updated_at_ms = a.updated_at_ms + 1;
+    assert!(reg
+        .update_tenant_if(&changed, a.updated_at_ms)
+        .await
+        .unwrap());
+    assert_eq!(reg.get_tenant(&a.id).await.unwrap().access, "plugin");
+    // Written over what it read: refused, nothing changed.
+    let mut stale = a.clone();
+    stale.access = "public".into();
+    stale.updated_at_ms = a.updated_at_ms + 2;
+    assert!(!reg.update_tenant_if(&stale, a.updated_at_ms).await.unwrap());
     assert_eq!(reg.get_tenant(&a.id).await.unwrap().access, "plugin");
     assert!(reg
         .list_tenants()
@@ -39,8 +48,9 @@ async fn exercise(reg: &Registry, prefix: &str) {
         .unwrap()
         .iter()
         .any(|t| t.id == a.id));
+    let gone = record(&format!("{prefix}zz"));
     assert!(matches!(
-        reg.update_tenant(&record(&format!("{prefix}zz"))).await,
+        reg.update_tenant_if(&gone, gone.updated_at_ms - 1).await,
         Err(RegistryError::NotFound(_))
     ));
     // A publish key: claimed once at a time, its receipt kept, then taken by

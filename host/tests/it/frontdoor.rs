@@ -603,15 +603,8 @@ async fn one_address_cannot_take_every_door() {
     let h = spawn_with(opts).await;
     // Let the harness's own kept-alive connection go.
     drop(h.http.clone());
-    let from = |ip: &str| {
-        let ip: std::net::IpAddr = ip.parse().unwrap();
-        let addr = h.addr;
-        async move {
-            let s = tokio::net::TcpSocket::new_v4().unwrap();
-            s.bind(std::net::SocketAddr::new(ip, 0)).unwrap();
-            s.connect(addr).await.unwrap()
-        }
-    };
+    let addr = h.addr;
+    let from = |ip: &'static str| async move { connect_from(ip, addr).await.unwrap() };
     let mut idle = Vec::new();
     for _ in 0..3 {
         idle.push(from("127.0.0.3").await);

@@ -809,3 +809,12 @@ impl Node {
         Node::spawn(dir, args, Some(port), None).await
     }
 }
+
+/// A TCP connection to `addr` from the loopback address `ip` (127.0.0.0/8
+/// is all this machine's: one test, many client addresses).
+pub async fn connect_from(ip: &str, addr: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    let ip: std::net::IpAddr = ip.parse().expect("an address");
+    let s = tokio::net::TcpSocket::new_v4()?;
+    s.bind(std::net::SocketAddr::new(ip, 0))?;
+    s.connect(addr).await
+}

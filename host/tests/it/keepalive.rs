@@ -80,15 +80,8 @@ async fn one_address_cannot_take_every_tls_handshake() {
     opts.config.max_pending_per_address = 3;
     opts.config.head_timeout = Duration::from_secs(10);
     let h = spawn_unchecked(opts);
-    let from = |ip: &str| {
-        let ip: std::net::IpAddr = ip.parse().unwrap();
-        let addr = h.addr;
-        async move {
-            let s = tokio::net::TcpSocket::new_v4().unwrap();
-            s.bind(std::net::SocketAddr::new(ip, 0)).unwrap();
-            s.connect(addr).await.unwrap()
-        }
-    };
+    let addr = h.addr;
+    let from = |ip: &'static str| async move { connect_from(ip, addr).await.unwrap() };
     // Handshakes that never send a ClientHello.
     let mut idle = Vec::new();
     for _ in 0..3 {

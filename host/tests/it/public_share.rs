@@ -10,10 +10,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 /// A WebSocket session from `ip`, or the refusal's status and code.
 async fn ws_from(h: &Host, tenant: &str, ip: &str) -> Result<Ws, (u16, String)> {
-    let s = tokio::net::TcpSocket::new_v4().unwrap();
-    s.bind(std::net::SocketAddr::new(ip.parse().unwrap(), 0))
-        .unwrap();
-    let stream = s.connect(h.addr).await.unwrap();
+    let stream = connect_from(ip, h.addr).await.unwrap();
     let req = h.ws_url(tenant).into_client_request().unwrap();
     match tokio_tungstenite::client_async(req, tokio_tungstenite::MaybeTlsStream::Plain(stream))
         .await
