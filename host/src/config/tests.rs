@@ -1,7 +1,7 @@
 //! Unit tests of the serve flags: ranges, secrets by file, defaults.
 use super::*;
 
-/// Issue 19: secrets can come from files (no argv, no environment a
+/// Secrets can come from files (no argv, no environment a
 /// `ps` or `/proc/…/environ` shows): one line, its line break dropped;
 /// not both ways at once.
 #[test]

@@ -332,7 +332,7 @@ mod tests {
         assert!(c.drain().is_empty());
     }
 
-    /// Issue 11: the window is bounded in bytes too; a message past the
+    /// The window is bounded in bytes too; a message past the
     /// bound is published at once (Full), and the count follows what is held.
     #[test]
     fn the_window_is_bounded_in_bytes() {

@@ -282,7 +282,7 @@ mod tests {
             .collect()
     }
 
-    /// Issue 9, item 1: A@10, B@11, A@12 in one window publish B then A.
+    /// A@10, B@11, A@12 in one window publish B then A.
     #[test]
     fn a_window_collapses_without_reordering() {
         let (hub, s) = setup();
@@ -306,7 +306,7 @@ mod tests {
         );
     }
 
-    /// Issue 9, item 1: an unkeyed message goes out at once, after what its
+    /// An unkeyed message goes out at once, after what its
     /// channel holds, so the held ones are not behind it.
     #[test]
     fn an_unkeyed_message_publishes_its_channel_first() {
@@ -331,7 +331,7 @@ mod tests {
         assert_eq!(tally.duplicates, 0);
     }
 
-    /// Issue 9, item 1: past the bound a message is published at once, after
+    /// Past the bound a message is published at once, after
     /// what its channel holds.
     #[test]
     fn a_full_window_publishes_in_order() {

@@ -332,7 +332,7 @@ mod tests {
             .is_ok()
     }
 
-    /// Issue 11: a writer parked on a full socket is not woken per push (a
+    /// A writer parked on a full socket is not woken per push (a
     /// stalled reader costs a push under its policy, no wake-up), but is for
     /// a close; unparked it is woken again.
     #[tokio::test]

@@ -148,7 +148,7 @@ mod tests {
         }
     }
 
-    /// Issue 11: accept errors back off (5, 10, 20, 40, 80 ms) instead of
+    /// Accept errors back off (5, 10, 20, 40, 80 ms) instead of
     /// spinning, are classified, and the loop serves again afterwards.
     #[tokio::test]
     async fn emfile_backs_off_then_serves() {

@@ -27,7 +27,7 @@ fn configs_parse_and_redact() {
     assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
 }
 
-/// Issue 11: no part of a secret in a source URL is shown.
+/// No part of a secret in a source URL is shown.
 #[test]
 fn every_credential_in_a_url_is_hidden() {
     for (url, shown) in [

@@ -1,4 +1,4 @@
-//! Issue 13: a property-based API fuzzer (schemathesis, from PyPI) in smoke
+//! A property-based API fuzzer (schemathesis, from PyPI) in smoke
 //! form against the generated OpenAPI document: every operation is called
 //! with the document's examples and generated input; no answer may be a
 //! 5xx, and every answer must match the document. scripts/test.sh installs

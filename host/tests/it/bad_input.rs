@@ -231,7 +231,7 @@ async fn plugin_access_without_plugin_fails_closed() {
     h.stop().await;
 }
 
-/// Issue 11: a publish is answered on its key before its body is read: a
+/// A publish is answered on its key before its body is read: a
 /// wrong key announcing 4,000,000 bytes and sending none gets its 401 at once
 /// (before, the server waited for the body for as long as it did not come).
 #[tokio::test]
@@ -257,7 +257,7 @@ async fn a_wrong_key_is_answered_before_the_body() {
     h.stop().await;
 }
 
-/// Issue 11: `/metrics` lists every tenant id; with `--metrics-token` it
+/// `/metrics` lists every tenant id; with `--metrics-token` it
 /// answers only a request that carries the token.
 #[tokio::test]
 async fn metrics_can_require_a_token() {

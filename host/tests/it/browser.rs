@@ -1,4 +1,4 @@
-//! Issue 13: the demo page and the browser client in a real browser —
+//! The demo page and the browser client in a real browser —
 //! headless Chromium (Debian's, driven by playwright-core from npm)
 //! against `herald serve --demo` processes the script starts itself:
 //! values update, a disconnect resumes without loss, a restart is survived

@@ -1,4 +1,4 @@
-//! Issue 12: `herald plugin new` scaffolds a plugin that builds with its own
+//! `herald plugin new` scaffolds a plugin that builds with its own
 //! script, and `herald plugin test` runs its hooks without a server and
 //! reports outputs, refusals, guest output and failures by name.
 

@@ -1,4 +1,4 @@
-//! Issue 12: one conformance suite for every plugin language. The same
+//! One conformance suite for every plugin language. The same
 //! plugin (plugins/example/SPEC.md) written in Rust, Python, JavaScript and
 //! C gets the same inputs and must give the same answers: the same
 //! sessions and denials, the same messages byte for byte, the same records
@@ -353,7 +353,7 @@ async fn start_listening(data_dir: std::path::PathBuf, dir: Option<tempfile::Tem
     host
 }
 
-/// Issue 12: a restart does not compile again what it compiled before (the
+/// A restart does not compile again what it compiled before (the
 /// artifacts on disk are loaded), listens before any plugin is loaded, and
 /// a tenant whose plugin is still compiling answers 503 `plugin_loading`
 /// with Retry-After while the others serve; once loaded it serves too.
@@ -447,7 +447,7 @@ async fn a_restart_listens_at_once_and_reuses_compiled_plugins() {
     );
 }
 
-/// Issue 12: a large upload is answered at once (202 and a status to
+/// A large upload is answered at once (202 and a status to
 /// poll) and compiles in the background; the same bytes uploaded again
 /// meanwhile get the same answer; the status ends "stored" with the
 /// version, and compiled versions nobody runs are evicted from memory.

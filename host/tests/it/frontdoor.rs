@@ -393,7 +393,7 @@ pub(crate) async fn closed_within(stream: &mut TcpStream, within: Duration) -> O
     .map(|_| t.elapsed())
 }
 
-/// Issue 11: sockets that never finish a request head (slowloris) are
+/// Sockets that never finish a request head (slowloris) are
 /// counted and bounded; each slow one is closed at the head deadline however
 /// it dribbles, and past the bound a new connection does not wait
 /// for that: the oldest slow one is closed to make way for it.
@@ -461,7 +461,7 @@ async fn slowloris_sockets_are_bounded_and_timed_out() {
     h.stop().await;
 }
 
-/// Issue 11: a kept-alive HTTP connection that stays idle after its
+/// A kept-alive HTTP connection that stays idle after its
 /// response is closed at the deadline, like one that never sent a head.
 #[tokio::test]
 async fn an_idle_kept_alive_connection_is_closed() {
@@ -483,7 +483,7 @@ async fn an_idle_kept_alive_connection_is_closed() {
     h.stop().await;
 }
 
-/// Issue 11: a client dribbling one frame holds its partial buffer only
+/// A client dribbling one frame holds its partial buffer only
 /// until the deadline, then is closed with 1008 (before: for as long as it
 /// kept dribbling).
 #[tokio::test]

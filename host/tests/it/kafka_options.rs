@@ -1,4 +1,4 @@
-//! Issue 19: a Kafka source's `options` never load code or read files on
+//! A Kafka source's `options` never load code or read files on
 //! the server. Only what tenants need is accepted (security protocol, SASL,
 //! PEM bodies, verification, client id, timeouts); anything else is refused
 //! by name before librdkafka sees it, and a stored source whose options no

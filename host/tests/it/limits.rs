@@ -112,7 +112,7 @@ async fn subscription_limit_and_publish_rate() {
     h.stop().await;
 }
 
-/// Issue 11: a connection's operations are rate limited: past its burst it
+/// A connection's operations are rate limited: past its burst it
 /// gets `err` `rate_limited` for each, and one that keeps going is closed
 /// (1008); another connection of the tenant is untouched.
 #[tokio::test]
@@ -151,7 +151,7 @@ async fn a_connection_flooding_operations_is_limited_then_closed() {
     h.stop().await;
 }
 
-/// Issue 11: a client looping sub/unsub over fresh names leaves no channel
+/// A client looping sub/unsub over fresh names leaves no channel
 /// behind, and the channels a tenant's subscribers may bring into being are
 /// bounded (WebSocket `err`, SSE 429).
 #[tokio::test]
@@ -197,7 +197,7 @@ async fn channels_are_bounded_per_tenant() {
     h.stop().await;
 }
 
-/// Issue 11: near the memory budget, only a tenant past its share is
+/// Near the memory budget, only a tenant past its share is
 /// refused new connections; another tenant's clients still get in.
 #[tokio::test]
 async fn near_the_memory_budget_only_the_tenant_past_its_share_is_refused() {

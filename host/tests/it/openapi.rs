@@ -1,4 +1,4 @@
-//! Issue 13: the OpenAPI document is generated from the code, and it cannot
+//! The OpenAPI document is generated from the code, and it cannot
 //! drift: every operation it lists is called here, and every real answer
 //! (status, content type, body) is validated against the document's schema
 //! for that status. The validator is strict where the document is: an

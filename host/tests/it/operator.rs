@@ -1,4 +1,4 @@
-//! Issue 13: the operator's tools over REST (a channel's history, this
+//! The operator's tools over REST (a channel's history, this
 //! node's live connections, disconnecting a subject or a session with a
 //! close code, rolling a plugin back), a browser's token in the WebSocket
 //! subprotocol, and an HTTP source that goes `stalled` when its publisher

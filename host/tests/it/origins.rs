@@ -1,4 +1,4 @@
-//! Issue 11: per-tenant allowed origins. A WebSocket upgrade from a page
+//! Per-tenant allowed origins. A WebSocket upgrade from a page
 //! of another origin is refused (cross-site WebSocket hijacking rides on
 //! cookies); SSE answers CORS for allowed origins only, on refusals too.
 

@@ -475,7 +475,7 @@ fn plugin_0_1(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Issue 12: the host runs 0.1.0 and 0.2.0 components side by side — two
+/// The host runs 0.1.0 and 0.2.0 components side by side — two
 /// tenants, one on each build of jwt-auth, decide alike, a 0.1.0 transform
 /// publishes beside a 0.2.0 one, and a tenant swaps from 0.1.0 to 0.2.0
 /// without a restart.

@@ -183,7 +183,7 @@ async fn bad_records_fail_alone_not_their_batch() {
     h.stop().await;
 }
 
-/// Issue 11: a public tenant whose active plugin does not load at restart
+/// A public tenant whose active plugin does not load at restart
 /// (here: a memory cap no component instantiates under) refuses connections
 /// and publishes with 503 `plugin_unavailable` instead of serving without it
 /// — a redact plugin's tenant would send unredacted messages. Deactivating
@@ -233,7 +233,7 @@ async fn a_plugin_that_does_not_load_fails_closed() {
     h.stop().await;
 }
 
-/// Issue 12: a batch whose transform takes longer than the deadline as a
+/// A batch whose transform takes longer than the deadline as a
 /// whole (400 records at 1 ms each against 100 ms) is split and every
 /// record published in order, instead of the whole batch dead-lettered.
 #[tokio::test]

@@ -228,7 +228,7 @@ async fn a_slow_plugin_does_not_stall_other_tenants() {
     drop(node);
 }
 
-/// Issue 11: a connect flood on one tenant (no plugin: each connect is
+/// A connect flood on one tenant (no plugin: each connect is
 /// admitted at once and closed) beside a calm tenant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connect_flood_does_not_stall_other_tenants() {

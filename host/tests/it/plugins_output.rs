@@ -1,4 +1,4 @@
-//! Issue 12: what a guest writes and what it may read. A plugin that prints
+//! What a guest writes and what it may read. A plugin that prints
 //! (a debugging author, a Python traceback, a Rust panic message) must not
 //! panic a host thread, must stay on the fast path, and what it wrote must
 //! reach the error of a call that fails; WASI's clocks and randomness must

@@ -1,7 +1,7 @@
 //! The position model end to end (ARCHITECTURE.md, "Positions"): what a
 //! client sees when sources, conflation, audiences and positions meet. Each
-//! test is one of issue 9's cases, against a real server, a real Postgres
-//! outbox or librdkafka's mock cluster, and real compiled plugins.
+//! test is one case, against a real server, a real Postgres outbox or
+//! librdkafka's mock cluster, and real compiled plugins.
 
 use crate::helpers::*;
 use crate::kafka::{pg_kafka, produce, test_producer, PgKafka};

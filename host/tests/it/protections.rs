@@ -1,4 +1,4 @@
-//! Issue 11: the protections that exist, proven on a real process — the
+//! The protections that exist, proven on a real process — the
 //! memory budget refuses at once and does not overshoot, the open-files
 //! limit caps connections at once — while existing clients keep receiving.
 

@@ -1,4 +1,4 @@
-//! A publish retried after a lost answer or a `503` (issue 18): on a Kafka
+//! A publish retried after a lost answer or a `503`: on a Kafka
 //! tenant, a batch sent again under its `Idempotency-Key` produces only what
 //! the brokers did not acknowledge the first time, and is answered with the
 //! positions of the first: subscribers get each message once. (The shared

@@ -1,4 +1,4 @@
-//! Issue 13: the README's five-minute tour works as written. Every
+//! The README's five-minute tour works as written. Every
 //! `herald …` command of its "Five minutes with Herald" section is run, as
 //! it stands there, against a `--demo` server, with the placeholders the
 //! tour tells the reader to fill (`adm_…`, `pk_…`) filled in.

@@ -1,4 +1,4 @@
-//! Issue 13: optional TLS (`--tls-cert`, `--tls-key`). A WebSocket and an
+//! Optional TLS (`--tls-cert`, `--tls-key`). A WebSocket and an
 //! HTTP publish over TLS with a certificate the client trusts; the operator
 //! sees the client's own address (not the loopback bridge's); plaintext on
 //! the TLS port gets nothing; a key that does not match is refused at start.

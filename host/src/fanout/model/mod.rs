@@ -491,7 +491,7 @@ proptest! {
     }
 }
 
-/// The case of issue 9, item 1, as a fixed sequence.
+/// Keys A, B, A in one window (B before the second A), as a fixed sequence.
 #[test]
 fn keys_a_b_a_in_one_window() {
     let g = |key| Gen {

@@ -110,7 +110,7 @@ fn audiences_get_their_variant_under_one_position() {
         .all(|i| matches!(i, Item::Msg(m) if m.serves == Serves::Audience("basic".into()))));
 }
 
-/// Issue 9, item 9: a position with no variant for a session is not a
+/// A position with no variant for a session is not a
 /// gap in what that session sees.
 #[test]
 fn a_position_for_other_audiences_is_no_gap() {
@@ -176,7 +176,7 @@ fn per_user_audiences_stay_bounded() {
     assert_eq!(c.last_for(Some("user1999")), 2_000);
 }
 
-/// Issue 9, item 9: history drops a position with all its variants.
+/// History drops a position with all its variants.
 #[test]
 fn history_keeps_positions_whole() {
     let hub = Hub::default();
@@ -239,7 +239,7 @@ fn source_positions_become_seq_and_only_repeats_are_duplicates() {
     assert_eq!(msgs(&s), [(10_000, 0), (14_000, 10_000), (14_001, 14_000)]);
 }
 
-/// Issue 9, item 6: one channel fed by two streams loses nothing; the
+/// One channel fed by two streams loses nothing; the
 /// stream behind is numbered after the channel and counted.
 #[test]
 fn a_second_stream_is_rebased_not_dropped() {
@@ -309,7 +309,7 @@ fn resume_replays_history_and_reports_gap() {
     assert_eq!((r.gap, r.replayed), (Some((1, 2)), 3));
 }
 
-/// Issue 9, item 8: with sparse positions only what is missing is a gap.
+/// With sparse positions only what is missing is a gap.
 #[test]
 fn resume_with_sparse_positions_reports_no_spurious_gap() {
     let hub = Hub::default();
@@ -358,7 +358,7 @@ fn history_expires_by_age_and_sweep_drops_idle_channels() {
     assert_eq!(hub.channel_count(), 0);
 }
 
-/// Issue 9, item 7: a channel someone is about to lock is not swept, so
+/// A channel someone is about to lock is not swept, so
 /// the subscribe that follows joins the channel publishes go to.
 #[test]
 fn sweep_spares_a_channel_in_use() {
@@ -389,7 +389,7 @@ fn sweep_spares_a_channel_in_use() {
     assert_eq!(msgs(&s), [(1, 0)]);
 }
 
-/// Issue 9, item 11: leaving costs O(1), so 100k sessions leaving one
+/// Leaving costs O(1), so 100k sessions leaving one
 /// channel is quick (a linear scan per leave made it quadratic).
 #[test]
 fn many_sessions_leave_one_channel() {
@@ -437,7 +437,7 @@ fn closed_sessions_leave_the_channel() {
     assert_eq!(r3, PublishReport::default());
 }
 
-/// Issue 11: history is bounded by bytes per channel and per tenant; past
+/// History is bounded by bytes per channel and per tenant; past
 /// the tenant's bound a message is sent live, not kept, and its channel's
 /// history is cleared, so a resume across it reports a gap.
 #[test]
@@ -483,7 +483,7 @@ fn history_is_bounded_by_bytes() {
     assert_eq!(r.replayed, 1);
 }
 
-/// Issue 11: a client looping sub/unsub over fresh names leaves nothing
+/// A client looping sub/unsub over fresh names leaves nothing
 /// behind, and a tenant's subscribers can bring only so many channels into
 /// being.
 #[test]
