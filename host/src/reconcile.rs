@@ -54,7 +54,7 @@ pub async fn tenant(
     let _turn = app.turns.take(id).await;
     let change = match app.registry.get_tenant(id).await {
         Ok(rec) => apply(app, &rec).await,
-        Err(RegistryError::NotFound(_)) => (forget(app, id), None),
+        Err(RegistryError::NotFound(_)) => (forget(app, id).await, None),
         Err(e) => return Err(e),
     };
     drop(_turn);
@@ -84,7 +84,7 @@ pub async fn all(app: &Arc<App>) -> Result<usize, RegistryError> {
         // The row as it is now: a change may have landed since the list.
         let change = match app.registry.get_tenant(&rec.id).await {
             Ok(rec) => apply(app, &rec).await.0,
-            Err(RegistryError::NotFound(_)) => forget(app, &rec.id),
+            Err(RegistryError::NotFound(_)) => forget(app, &rec.id).await,
             Err(e) => return Err(e),
         };
         changed += usize::from(change != Change::Unchanged);
@@ -107,12 +107,19 @@ fn applied(app: &App, rec: &TenantRecord) -> bool {
         && t.source.lock().config == source
 }
 
-/// Removes the live tenant: its source stops, its sessions close with 4000.
-fn forget(app: &App, id: &str) -> Change {
+/// Removes the live tenant: its sessions close with 4000 and its reader
+/// stops — awaited (within the stop grace) under the tenant's turn, so a
+/// tenant made again under the same id never has two readers — and then
+/// this node's positions for the id are deleted again: the registry deleted
+/// them with the row, and the reader stores where it got to as it stops.
+async fn forget(app: &App, id: &str) -> Change {
     match app.tenants.remove(id) {
         Some(t) => {
-            source::stop(&t);
             t.shut();
+            source::stopped(&t).await;
+            if let Err(e) = app.registry.delete_cursors(id, &app.config.node_id).await {
+                tracing::warn!(tenant = %id, error = %e, "the deleted tenant's positions on this node could not be deleted; a tenant made again under its id may start where it stopped");
+            }
             app.evict_compiled();
             tracing::info!(tenant = %id, "tenant removed");
             Change::Removed

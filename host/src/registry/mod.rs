@@ -460,6 +460,16 @@ impl Registry {
         Ok(row.map(|r| r.try_get("position")).transpose()?)
     }
 
+    /// Deletes this node's positions in a tenant's sources.
+    pub async fn delete_cursors(&self, tenant: &str, node: &str) -> Result<(), RegistryError> {
+        sqlx::query("DELETE FROM ingest_cursors WHERE tenant_id = $1 AND node_id = $2")
+            .bind(tenant)
+            .bind(node)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     pub async fn put_cursor(
         &self,
         tenant: &str,

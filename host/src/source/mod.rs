@@ -558,23 +558,9 @@ async fn finish(tenant: &str, mut task: tokio::task::JoinHandle<()>) {
     }
 }
 
-/// Stops the tenant's source (deletion); the reader is aborted if it does
-/// not end within [`STOP_GRACE`].
-pub fn stop(tenant: &Tenant) {
-    let task = {
-        let mut slot = tenant.source.lock();
-        slot.stop.cancel();
-        slot.done.take()
-    };
-    if let Some(task) = task {
-        let id = tenant.id.to_string();
-        tokio::spawn(async move { finish(&id, task).await });
-    }
-}
-
-/// Stops the tenant's source and waits for the reader to end (shutdown): it
-/// finishes its batch and stores its positions, or is aborted after
-/// [`STOP_GRACE`].
+/// Stops the tenant's source and waits for the reader to end (shutdown,
+/// deletion): it finishes its batch and stores its positions, or is aborted
+/// after [`STOP_GRACE`].
 pub async fn stopped(tenant: &Tenant) {
     let task = {
         let mut slot = tenant.source.lock();

@@ -4,6 +4,7 @@
 use crate::helpers::*;
 use reqwest::Method;
 use serde_json::json;
+use std::time::Duration;
 
 #[tokio::test]
 async fn registry_survives_restart() {
@@ -216,5 +217,65 @@ async fn concurrent_patches_of_different_fields_both_hold() {
             "round {round}: one PATCH was lost: {v}"
         );
     }
+    h.stop().await;
+}
+
+/// A deleted tenant's positions go with it, even those its reader stores
+/// as it stops: a tenant made again under the same id starts afresh, never
+/// at the old reader's offsets, and only once that reader has ended.
+#[tokio::test]
+async fn a_deleted_tenants_reader_leaves_no_position_behind() {
+    let Some(url) = crate::outbox::pg_url() else {
+        return;
+    };
+    let h = spawn_host().await;
+    h.public_tenant("again").await;
+    let (pool, table) = crate::outbox::outbox_table(&url).await;
+    let mut ws = crate::outbox::subscribed(&h, "again", &url, &table, "c").await;
+    for n in 0..3 {
+        sqlx::query(&format!(
+            "INSERT INTO {table} (channel, payload) VALUES ('c', $1::jsonb)"
+        ))
+        .bind(json!({ "n": n }).to_string())
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    crate::outbox::msgs(&mut ws, 3).await;
+    // Rows arriving as the tenant goes: its reader is mid-batch when told
+    // to stop, and stores where it got to.
+    let writer = {
+        let (pool, table) = (pool.clone(), table.clone());
+        tokio::spawn(async move {
+            for _ in 0..40 {
+                sqlx::query(&format!(
+                    "INSERT INTO {table} (channel, payload) SELECT 'c', jsonb_build_object('n', g) FROM generate_series(1, 500) g"
+                ))
+                .execute(&pool)
+                .await
+                .unwrap();
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (s, _) = h
+        .admin(Method::DELETE, "/admin/v1/tenants/again", None)
+        .await;
+    writer.await.unwrap();
+    assert_eq!(s, 204);
+    // Whatever the stopping reader does, it has done by now.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let db = format!(
+        "sqlite://{}?mode=ro",
+        h.data_dir.join("registry.db").display()
+    );
+    let registry = sqlx::SqlitePool::connect(&db).await.unwrap();
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM ingest_cursors WHERE tenant_id = 'again'")
+            .fetch_one(&registry)
+            .await
+            .unwrap();
+    registry.close().await;
+    assert_eq!(left, 0, "positions of the deleted tenant were stored again");
     h.stop().await;
 }
