@@ -149,13 +149,17 @@ async fn apply(app: &Arc<App>, rec: &TenantRecord) -> (Change, Option<Arc<Tenant
         Some(t) => (t, Change::Unchanged),
         None => (Tenant::new(&rec.id, settings.clone()), Change::Created),
     };
-    let mut reload = false;
+    // A load made with another config or sandbox than the tenant's (an
+    // activation that raced a change) is loaded again.
+    let mut reload = tenant
+        .plugin()
+        .is_some_and(|p| !p.loaded_with(&settings.config.to_string(), settings.limits.sandbox()));
     if change == Change::Unchanged {
         let old = tenant.settings();
         if *old != settings {
             // The plugin reads its config and runs under the sandbox limits
             // given at load: the active version is loaded again with new ones.
-            reload =
+            reload |=
                 old.config != settings.config || old.limits.sandbox() != settings.limits.sandbox();
             tenant.update(settings);
             change = Change::Updated;

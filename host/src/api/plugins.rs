@@ -325,13 +325,19 @@ pub(super) async fn activate(
     // Loaded first: a version that does not load here is refused unrecorded.
     let loaded = app.load_plugin(&tenant, version).await?;
     let info = loaded.info.clone();
-    let previous = {
-        let _turn = app.turns.take(&id).await;
-        app.registry.set_active_plugin(&id, Some(version)).await?;
-        tenant.activate(Some(loaded)).map(|p| p.version)
-    };
+    drop(loaded);
+    // Then recorded and applied as every change is (`reconcile`, under the
+    // tenant's turn): it runs with the config the tenant has then, even when
+    // a change landed while it was checked.
+    app.registry.set_active_plugin(&id, Some(version)).await?;
+    let (_, tenant) = crate::reconcile::tenant(&app, &id).await?;
+    if tenant.and_then(|t| t.plugin()).map(|p| p.version) != Some(version) {
+        return Err(ApiError::Unprocessable(format!(
+            "version {version} is recorded as active but did not load with the tenant's current config; the tenant refuses connections and publishes until it does (see the log)"
+        )));
+    }
+    let previous = app.registry.previous_plugin(&id).await?;
     tracing::info!(tenant = %id, version, ?previous, "plugin version activated");
-    app.evict_compiled();
     Ok(Json(
         json!({ "active": version, "previous": previous, "name": info.name, "hooks": info.hooks, "contract": info.contract }),
     ))

@@ -210,6 +210,12 @@ impl ActivePlugin {
         Ok(Arc::new(active))
     }
 
+    /// Whether this load runs with `config` (the tenant's, as JSON text)
+    /// and `limits`: a load made with others is stale and is loaded again.
+    pub fn loaded_with(&self, config: &str, limits: SandboxLimits) -> bool {
+        *self.config == *config && self.limits == limits
+    }
+
     /// Instances of this version in existence (pooled or in a call).
     pub fn live_instances(&self) -> usize {
         self.live.load(Ordering::Acquire)

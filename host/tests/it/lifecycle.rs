@@ -279,3 +279,46 @@ async fn a_deleted_tenants_reader_leaves_no_position_behind() {
     assert_eq!(left, 0, "positions of the deleted tenant were stored again");
     h.stop().await;
 }
+
+/// An activation and a config change at once: the version that ends up
+/// running runs with the config that ends up stored. The plugin reads its
+/// config (jwt-auth's secret), so a version loaded with the config before
+/// the change, and installed after it, would refuse tokens of the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_activation_beside_a_config_change_runs_the_new_config() {
+    use crate::plugins::{jwt, now_s};
+    let h = spawn_host().await;
+    h.tenant(json!({"id":"race","config":{"secret":"secret-0-0123456789"}}))
+        .await;
+    let (s, v) = h.upload_plugin("race", plugin_wasm("jwt_auth")).await;
+    assert_eq!(s, 201, "{v}");
+    let path = format!("/admin/v1/tenants/race/plugins/{}/activate", v["version"]);
+    for round in 1..=30u64 {
+        let secret = format!("secret-{round}-0123456789");
+        let activate = h.admin(Method::POST, &path, None);
+        let patch = h.admin(
+            Method::PATCH,
+            "/admin/v1/tenants/race",
+            Some(json!({"config":{"secret":secret}})),
+        );
+        let ((s1, v1), (s2, v2)) = tokio::join!(activate, patch);
+        assert_eq!((s1, s2), (200, 200), "{v1} {v2}");
+        let token = jwt(json!({"sub":"a","exp":now_s()+60}), &secret);
+        let admitted = h.ws_with("race", &format!("token={token}")).await;
+        assert!(
+            admitted.is_ok(),
+            "round {round}: the running version refused a token of the stored config: {:?}",
+            admitted.err()
+        );
+        // Off again, so the next round's activation loads anew.
+        let (s, v) = h
+            .admin(
+                Method::POST,
+                "/admin/v1/tenants/race/plugins/deactivate",
+                None,
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    h.stop().await;
+}
