@@ -276,6 +276,15 @@ pub fn flush(tenant: &Tenant) -> usize {
     flush_window(tenant, &mut tenant.conflator.lock())
 }
 
+/// The final flush (shutdown): the window is closed under its lock first,
+/// so a publish that lands after it is published at once, never answered
+/// "held" for a flush that will not come.
+pub fn flush_final(tenant: &Tenant) -> usize {
+    let mut window = tenant.conflator.lock();
+    window.close();
+    flush_window(tenant, &mut window)
+}
+
 /// Closes the window unless a batch holds it (its plugin may be merging on
 /// one of the tenant's plugin threads): the shared flush task never waits
 /// for one tenant, and tries this one again on its next tick. `None` when

@@ -326,7 +326,7 @@ pub async fn run(
     // which send their queues before they close with 1001.
     source::stopped_all(&app.tenants.all()).await;
     for t in app.tenants.all() {
-        ingest::flush(&t);
+        ingest::flush_final(&t);
         t.sessions
             .close_all(fanout::session::QueueClose::GoingAway, true);
     }

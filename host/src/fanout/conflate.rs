@@ -87,6 +87,8 @@ pub struct Conflator {
     max_bytes: usize,
     /// Counts offers: an entry's arrival is that of its newest message.
     arrivals: u64,
+    /// Closed for good ([`Conflator::close`]).
+    closed: bool,
 }
 
 impl Default for Conflator {
@@ -143,6 +145,7 @@ impl Conflator {
             bytes: 0,
             max_bytes,
             arrivals: 0,
+            closed: false,
         }
     }
 
@@ -150,6 +153,12 @@ impl Conflator {
     /// stays until the window closes.
     pub fn set_max_bytes(&mut self, max_bytes: usize) {
         self.max_bytes = max_bytes;
+    }
+
+    /// Holds nothing more from here (the final flush at shutdown): every
+    /// later offer is answered [`Offer::Full`], so it is published at once.
+    pub fn close(&mut self) {
+        self.closed = true;
     }
 
     /// Bytes held.
@@ -176,6 +185,9 @@ impl Conflator {
         msg: Held,
         mut combine: impl FnMut(&str, &HeldVariant, HeldVariant) -> HeldVariant,
     ) -> (Offer, Option<Held>) {
+        if self.closed {
+            return (Offer::Full, Some(msg));
+        }
         self.arrivals += 1;
         let arrival = self.arrivals;
         if let Some((at, held)) = self

@@ -282,6 +282,24 @@ mod tests {
             .collect()
     }
 
+    /// After the final flush (shutdown) the window holds nothing more: a
+    /// message it would have held is published at once, so no publish is
+    /// answered "held" that no later flush would send.
+    #[test]
+    fn a_closed_window_publishes_at_once() {
+        let (hub, s) = setup();
+        let mut pending = Conflator::default();
+        let mut tally = Tally::default();
+        let fates = windowed(&hub, &mut pending, vec![m(Some("A"), 10, b"1")], &mut tally);
+        assert_eq!(fates, [Fate::Held]);
+        pending.close();
+        assert_eq!(flush(&hub, &mut pending, H, 0, &mut tally), 1);
+        let fates = windowed(&hub, &mut pending, vec![m(Some("A"), 11, b"2")], &mut tally);
+        assert!(matches!(fates[..], [Fate::Published { .. }]), "{fates:?}");
+        assert_eq!(got(&s).len(), 2);
+        assert!(pending.is_empty());
+    }
+
     /// A@10, B@11, A@12 in one window publish B then A.
     #[test]
     fn a_window_collapses_without_reordering() {
