@@ -4,14 +4,14 @@
 //! and the shutdown token. Invariant: built once in `run` before the listener
 //! accepts, dropped after every task it spawned has finished.
 
+use crate::clock::now_ms;
 use crate::config::Config;
 use crate::fanout::conflate::ConflationSettings;
 use crate::plugin::active::{Activation, ActivePlugin};
 use crate::plugin::{PluginError, Runtime};
-use crate::registry::{now_ms, Registry, RegistryError, TenantRecord};
-use crate::tenant::{
-    key_digest, Access, Capacity, LimitOverrides, Tenant, TenantSettings, Tenants,
-};
+use crate::registry::{Registry, RegistryError, TenantRecord};
+use crate::secret::{hex, key_digest, new_secret};
+use crate::tenant::{Access, Capacity, LimitOverrides, Tenant, TenantSettings, Tenants};
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -62,10 +62,8 @@ pub fn settings_from_record(rec: &TenantRecord, config: &Config) -> Result<Tenan
     let overrides: LimitOverrides =
         serde_json::from_value(rec.limits.clone()).map_err(|e| format!("limits: {e}"))?;
     let limits = overrides.apply(&config.limits)?;
-    let mut digest = [0u8; 32];
-    let raw =
-        hex_decode(&rec.publish_key_sha256).ok_or("publish key digest is not 64 hex digits")?;
-    digest.copy_from_slice(&raw);
+    let digest = crate::secret::digest_from_hex(&rec.publish_key_sha256)
+        .ok_or("publish key digest is not 64 hex digits")?;
     let conflation: ConflationSettings =
         serde_json::from_value(rec.conflation.clone()).map_err(|e| format!("conflation: {e}"))?;
     conflation.validate()?;
@@ -79,25 +77,6 @@ pub fn settings_from_record(rec: &TenantRecord, config: &Config) -> Result<Tenan
         conflation,
         allowed_origins,
     })
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if s.len() != 64 {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
-        .collect()
-}
-
-/// A fresh random secret (publish keys, generated admin tokens).
-pub fn new_secret(prefix: &str) -> String {
-    format!("{prefix}{}", hex(&rand::random::<[u8; 24]>()))
 }
 
 impl App {
@@ -192,12 +171,7 @@ impl App {
     }
 
     pub fn check_admin_token(&self, presented: &str) -> bool {
-        let got = key_digest(presented);
-        self.admin_token_sha256
-            .iter()
-            .zip(got.iter())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        crate::secret::matches(&self.admin_token_sha256, presented)
     }
 
     /// Compiles (cached by sha256) and loads one stored plugin version for a

@@ -10,6 +10,7 @@
 //! lock, so one window never splits a batch and a flush never interleaves
 //! with it.
 
+use crate::clock::now_ms;
 use crate::fanout::conflate::HeldVariant;
 use crate::fanout::deliver::{self, Fate, Message, Tally, Window};
 use crate::fanout::position::MESSAGES_PER_RECORD;
@@ -18,7 +19,6 @@ use crate::plugin::active::Patience;
 use crate::plugin::batch::{Outputs, SourceRecord};
 use crate::plugin::PluginError;
 use crate::proto::PayloadKind;
-use crate::registry::now_ms;
 use crate::tenant::Tenant;
 
 /// What happened to one message of a batch.

@@ -9,6 +9,7 @@ pub mod api;
 pub mod app;
 mod cgroup;
 pub mod cli;
+pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod demo;
@@ -24,19 +25,22 @@ pub mod proto;
 pub mod ratelimit;
 pub mod reconcile;
 pub mod registry;
+pub mod secret;
 pub mod server;
 pub mod source;
 pub mod tenant;
 
 use anyhow::Context as _;
 use app::App;
+use clock::now_ms;
 use config::Config;
-use registry::{now_ms, Backend, Registry};
+use registry::{Backend, Registry};
+use secret::key_digest;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tenant::{key_digest, Capacity};
+use tenant::Capacity;
 use tokio::net::TcpListener;
 
 /// File descriptors kept back from the session capacity for the registry,
@@ -149,10 +153,10 @@ async fn resolve_admin_token(config: &Config, registry: &Registry) -> anyhow::Re
         );
         return Ok(d);
     }
-    let token = app::new_secret("adm_");
+    let token = secret::new_secret("adm_");
     let digest = key_digest(&token);
     registry
-        .put_setting("admin_token_sha256", &app::hex(&digest))
+        .put_setting("admin_token_sha256", &secret::hex(&digest))
         .await?;
     // Printed once, on stdout, like a generated password; only its digest is stored.
     println!("herald: generated admin token (shown once, keep it): {token}");

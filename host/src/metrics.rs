@@ -143,7 +143,7 @@ impl LogEvery {
     /// True for the first caller once `every_ms` has passed since the last.
     pub fn due(&self, every_ms: u64) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
-        let now = crate::registry::now_ms() as u64;
+        let now = crate::clock::now_ms() as u64;
         let last = self.last_ms.load(Relaxed);
         now >= last + every_ms
             && self

@@ -17,7 +17,6 @@ use crate::plugin::SandboxLimits;
 use crate::ratelimit::TokenBucket;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -446,10 +445,6 @@ pub struct Tenant {
     pub history_full_logged: crate::metrics::LogEvery,
 }
 
-pub fn key_digest(key: &str) -> [u8; 32] {
-    Sha256::digest(key.as_bytes()).into()
-}
-
 impl Tenant {
     pub fn new(id: &str, settings: TenantSettings) -> Arc<Tenant> {
         let rate = TokenBucket::new(
@@ -591,12 +586,7 @@ impl Tenant {
 
     pub fn check_publish_key(&self, presented: &str) -> bool {
         let want = self.settings.read().publish_key_sha256;
-        let got = key_digest(presented);
-        // Compare digests in constant time so a key cannot be found byte by byte.
-        want.iter()
-            .zip(got.iter())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        crate::secret::matches(&want, presented)
     }
 
     /// Takes `n` publish tokens or says how long to wait.
@@ -949,7 +939,7 @@ pub(crate) mod tests {
             config: serde_json::json!({}),
             overrides: LimitOverrides::default(),
             limits: defaults(),
-            publish_key_sha256: key_digest("k"),
+            publish_key_sha256: crate::secret::key_digest("k"),
             conflation: ConflationSettings::default(),
             allowed_origins: None,
         };
@@ -984,7 +974,7 @@ pub(crate) mod tests {
                 config: serde_json::json!({}),
                 overrides: LimitOverrides::default(),
                 limits,
-                publish_key_sha256: key_digest("k"),
+                publish_key_sha256: crate::secret::key_digest("k"),
                 conflation: ConflationSettings::default(),
                 allowed_origins: None,
             },

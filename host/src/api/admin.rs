@@ -4,12 +4,14 @@
 //! after the write succeeded, so a failed write changes nothing.
 
 use super::{parse_json, ApiError};
-use crate::app::{hex, new_secret, settings_from_record, App};
+use crate::app::{settings_from_record, App};
+use crate::clock::now_ms;
 use crate::proto;
 use crate::reconcile;
-use crate::registry::{now_ms, TenantRecord};
+use crate::registry::TenantRecord;
+use crate::secret::{hex, key_digest, new_secret};
 use crate::source::SourceConfig;
-use crate::tenant::{key_digest, Access, LimitOverrides, Tenant};
+use crate::tenant::{Access, LimitOverrides, Tenant};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;

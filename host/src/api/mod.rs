@@ -243,8 +243,8 @@ pub(super) async fn readyz(State(app): State<Arc<App>>) -> Response {
         (status = 401, description = "--metrics-token is set and was not given", body = doc::ErrorBody)))]
 pub(super) async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if let Some(want) = &app.config.metrics_token {
-        let given = bearer(&headers).map(crate::tenant::key_digest);
-        if given.is_none_or(|g| g != crate::tenant::key_digest(want)) {
+        let want = crate::secret::key_digest(want);
+        if !bearer(&headers).is_some_and(|g| crate::secret::matches(&want, g)) {
             return ApiError::Unauthorized.into_response();
         }
     }

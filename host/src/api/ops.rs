@@ -9,11 +9,11 @@
 
 use super::{live_tenant, ApiError};
 use crate::app::App;
+use crate::clock::now_ms;
 use crate::fanout::queue::Wire;
 use crate::fanout::session::QueueClose;
 use crate::fanout::Serves;
 use crate::proto::ws::close;
-use crate::registry::now_ms;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::routing::{get, post};

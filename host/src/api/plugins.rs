@@ -9,9 +9,10 @@
 
 use super::ApiError;
 use crate::app::{App, LoadError};
+use crate::clock::now_ms;
 use crate::plugin::active::{Activation, ActivePlugin};
 use crate::plugin::{sha256_hex, PluginError};
-use crate::registry::{now_ms, PluginRecord};
+use crate::registry::PluginRecord;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;

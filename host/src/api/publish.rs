@@ -5,6 +5,7 @@
 
 use super::{bearer, ApiError};
 use crate::app::App;
+use crate::clock::now_ms;
 use crate::cluster::{log, Cluster};
 use crate::fanout::deliver::Fate;
 use crate::fanout::position::MESSAGES_PER_RECORD;
@@ -12,7 +13,6 @@ use crate::ingest;
 use crate::plugin::batch::SourceRecord;
 use crate::plugin::PluginError;
 use crate::proto;
-use crate::registry::now_ms;
 use crate::source::kafka::produce::{ProduceError, Publisher};
 use crate::source::Outgoing;
 use crate::tenant::Tenant;

@@ -15,9 +15,10 @@
 pub mod log;
 
 use crate::app::App;
+use crate::clock::now_ms;
 use crate::config::ClusterConfig;
 use crate::reconcile;
-use crate::registry::{now_ms, NodeRecord};
+use crate::registry::NodeRecord;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::PgPool;
 use std::str::FromStr;

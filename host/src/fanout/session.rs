@@ -95,9 +95,7 @@ impl SessionInfo {
         SessionInfo {
             id: NEXT_SESSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             subject: subject.map(Box::from),
-            connected_at_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
+            connected_at_ms: crate::clock::now_ms() as u64,
             remote,
             origin,
         }

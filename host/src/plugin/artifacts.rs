@@ -47,7 +47,7 @@ impl std::fmt::Debug for Cache {
 }
 
 fn path(dir: &Path, digest: &[u8; 32]) -> PathBuf {
-    dir.join(format!("{}.cwasm", crate::app::hex(digest)))
+    dir.join(format!("{}.cwasm", crate::secret::hex(digest)))
 }
 
 impl Cache {
@@ -148,7 +148,7 @@ fn key(path: &Path) -> anyhow::Result<[u8; 32]> {
         Ok(md) => md,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key: [u8; 32] = rand::random();
-            match create_new(path, crate::app::hex(&key).as_bytes()) {
+            match create_new(path, crate::secret::hex(&key).as_bytes()) {
                 Ok(()) => return Ok(key),
                 // Another process made it first: read theirs.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {

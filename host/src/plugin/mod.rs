@@ -325,7 +325,7 @@ impl self::v2::herald::plugin::host::Host for StoreState {
     }
 
     fn now_ms(&mut self) -> u64 {
-        crate::registry::now_ms() as u64
+        crate::clock::now_ms() as u64
     }
 
     fn config(&mut self) -> String {
@@ -349,7 +349,7 @@ impl self::v1::herald::plugin::host::Host for StoreState {
     }
 
     fn now_ms(&mut self) -> u64 {
-        crate::registry::now_ms() as u64
+        crate::clock::now_ms() as u64
     }
 
     fn config(&mut self) -> String {
@@ -375,7 +375,7 @@ pub struct Runtime {
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    crate::app::hex(&Sha256::digest(bytes))
+    crate::secret::hex(&Sha256::digest(bytes))
 }
 
 impl Runtime {
@@ -430,15 +430,16 @@ impl Runtime {
         self.cache
             .lock()
             .iter()
-            .any(|(d, c)| c.get().is_some_and(Result::is_ok) && crate::app::hex(d) == sha256)
+            .any(|(d, c)| c.get().is_some_and(Result::is_ok) && crate::secret::hex(d) == sha256)
     }
 
     /// Forgets compiled components whose sha256 (hex) is not in `keep`;
     /// one being compiled stays. Returns how many are left.
     pub fn retain(&self, keep: &std::collections::HashSet<String>) -> usize {
         let mut cache = self.cache.lock();
-        cache
-            .retain(|digest, cell| cell.get().is_none() || keep.contains(&crate::app::hex(digest)));
+        cache.retain(|digest, cell| {
+            cell.get().is_none() || keep.contains(&crate::secret::hex(digest))
+        });
         metrics::gauge!("herald_plugin_compiled_versions").set(cache.len() as f64);
         cache.len()
     }
@@ -458,7 +459,7 @@ impl Runtime {
             let started = std::time::Instant::now();
             let c = Component::new(&self.engine, bytes).map_err(|e| format!("{e:#}"))?;
             metrics::counter!("herald_plugin_compiles_total", "from" => "compile").increment(1);
-            tracing::info!(sha256 = %crate::app::hex(&digest), bytes = bytes.len(), ms = started.elapsed().as_millis() as u64, "plugin component compiled");
+            tracing::info!(sha256 = %crate::secret::hex(&digest), bytes = bytes.len(), ms = started.elapsed().as_millis() as u64, "plugin component compiled");
             if let Some(a) = &self.artifacts {
                 a.store(&digest, &c);
             }

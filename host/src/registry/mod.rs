@@ -6,10 +6,10 @@
 //! (`Conflict`, `NotFound`) are variants, everything else is `Database`.
 //! Must never be called while a fan-out lock is held.
 
+use crate::clock::now_ms;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 mod receipts;
 pub use receipts::Claim;
@@ -89,12 +89,6 @@ const TENANT_COLUMNS: &str =
 pub struct Registry {
     pool: AnyPool,
     backend: Backend,
-}
-
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// An update or delete of one tenant's row: `NotFound` when no row matched.

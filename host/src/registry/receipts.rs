@@ -5,7 +5,8 @@
 //! only what the brokers acknowledged; receipts older than the keep are
 //! deleted when the tenant's next keyed publish claims one.
 
-use super::{now_ms, Registry, RegistryError};
+use super::{Registry, RegistryError};
+use crate::clock::now_ms;
 use sqlx::Row;
 
 /// What a keyed publish found when it claimed its key.

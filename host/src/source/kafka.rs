@@ -21,10 +21,10 @@
 
 use super::{set_state, Health, SourceConfig, SourceState};
 use crate::app::App;
+use crate::clock::now_ms;
 use crate::fanout::position::SourcePos;
 use crate::ingest;
 use crate::plugin::batch::SourceRecord;
-use crate::registry::now_ms;
 use crate::tenant::Tenant;
 use parking_lot::Mutex;
 use rdkafka::config::ClientConfig;

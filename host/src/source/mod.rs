@@ -16,8 +16,8 @@ pub mod kafka;
 pub mod outbox;
 
 use crate::app::App;
+use crate::clock::now_ms;
 use crate::proto;
-use crate::registry::now_ms;
 use crate::tenant::Tenant;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};

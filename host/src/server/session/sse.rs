@@ -9,11 +9,11 @@
 use super::writer::{finish, flush, interest, load_and_flush, Outbox};
 use super::{queue_end, End, READ_BUDGET};
 use crate::app::App;
+use crate::clock::now_ms;
 use crate::fanout::queue::Wire;
 use crate::fanout::session::{SessionHandle, SessionInfo};
 use crate::fanout::Published;
 use crate::proto::{self, sse, ws::close};
-use crate::registry::now_ms;
 use crate::server::Admitted;
 use bytes::{Bytes, BytesMut};
 use std::io;

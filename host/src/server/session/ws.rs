@@ -8,6 +8,7 @@
 use super::writer::{finish, flush, interest, load_and_flush, send_queued, Outbox};
 use super::{ask_plugin, check_subscribe, queue_end, End, SubCheck, SubRefusal, READ_BUDGET};
 use crate::app::App;
+use crate::clock::now_ms;
 use crate::fanout::queue::Wire;
 use crate::fanout::session::{SessionHandle, SessionInfo};
 use crate::plugin::active::ActivePlugin;
@@ -15,7 +16,6 @@ use crate::plugin::Session;
 use crate::proto::ws::{self, close, Assembler, FrameError, Message, Role};
 use crate::proto::{self, ClientOp, ErrorCode};
 use crate::ratelimit::{OpBudget, OpVerdict};
-use crate::registry::now_ms;
 use crate::server::Admitted;
 use crate::tenant::Tenant;
 use bytes::Bytes;
