@@ -1,0 +1,81 @@
+//! The live sessions of a tenant, by weak handle: closed together (deletion,
+//! access or admission changes, shutdown) and listed for the operator.
+
+use crate::fanout::session::{QueueClose, SessionHandle, SessionInfo};
+use parking_lot::Mutex;
+use std::sync::{Arc, Weak};
+
+/// The live sessions of a tenant.
+#[derive(Default)]
+pub struct SessionRegistry {
+    inner: Mutex<(slab::Slab<Weak<SessionHandle>>, Option<QueueClose>)>,
+}
+
+impl SessionRegistry {
+    /// Registers a session; one registered after a final close is closed at once.
+    pub fn register(&self, h: &Arc<SessionHandle>) -> usize {
+        let mut g = self.inner.lock();
+        if let Some(reason) = g.1 {
+            h.close_with(reason);
+        }
+        g.0.insert(Arc::downgrade(h))
+    }
+
+    pub fn deregister(&self, key: usize) {
+        self.inner.lock().0.try_remove(key);
+    }
+
+    /// Closes every registered session with `reason`; `terminal` also closes
+    /// any session that registers later (tenant deleted, server stopping).
+    pub fn close_all(&self, reason: QueueClose, terminal: bool) {
+        let handles: Vec<Arc<SessionHandle>> = {
+            let mut g = self.inner.lock();
+            if terminal {
+                g.1 = Some(reason);
+            }
+            g.0.iter().filter_map(|(_, w)| w.upgrade()).collect()
+        };
+        for h in handles {
+            h.close_with(reason);
+        }
+    }
+
+    /// Closes the live sessions whose [`SessionInfo`] matches `which`.
+    pub fn close_where(&self, reason: QueueClose, which: impl Fn(&SessionInfo) -> bool) {
+        for h in self.handles() {
+            if which(h.info()) {
+                h.close_with(reason);
+            }
+        }
+    }
+
+    /// The live sessions now.
+    pub fn handles(&self) -> Vec<Arc<SessionHandle>> {
+        self.inner
+            .lock()
+            .0
+            .iter()
+            .filter_map(|(_, w)| w.upgrade())
+            .collect()
+    }
+
+    /// Bytes queued for every live session together.
+    pub fn queued_bytes(&self) -> usize {
+        self.handles().iter().map(|h| h.queued_bytes()).sum()
+    }
+
+    /// Queues a control frame for every live session (source status).
+    pub fn broadcast(&self, op: &str, json: &str) {
+        for h in self.handles() {
+            h.deliver_ctrl(op, json);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
