@@ -12,8 +12,16 @@
 pub mod active;
 mod artifacts;
 pub mod batch;
+mod error;
+mod limits;
 mod logs;
 pub mod wasi;
+pub use error::{GuestOutput, PluginError};
+use limits::Limiter;
+pub use limits::{
+    SandboxLimits, MAX_CORE_INSTANCES, MAX_MEMORIES, MAX_TABLES, MAX_TABLE_ELEMENTS, MEMORY_GUARD,
+    MEMORY_RESERVATION,
+};
 
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
@@ -21,7 +29,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{Engine, ResourceLimiter, Store};
+use wasmtime::{Engine, Store};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 /// `herald:plugin@0.2.0` (sdk/wit): the contract plugins are built against
@@ -71,213 +79,6 @@ pub enum Bound {
 
 /// How often the epoch advances; call deadlines are counted in these ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(1);
-
-/// Why a plugin call or upload failed; callers branch on the variant.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PluginError {
-    #[error("component does not compile: {0}")]
-    Compile(String),
-    #[error("component does not instantiate: {0}")]
-    Instantiate(String),
-    /// What trapped (an uncaught exception or panic ends in one), and what
-    /// the guest wrote first (its traceback or panic message).
-    #[error("plugin trapped: {0}{1}")]
-    Trap(String, GuestOutput),
-    #[error("plugin call exceeded its {0} ms deadline{1}")]
-    Timeout(u64, GuestOutput),
-    #[error(
-        "plugin exceeded its memory cap of {0} bytes (linear memories and tables together){1}"
-    )]
-    MemoryExceeded(usize, GuestOutput),
-    #[error("{0}")]
-    BadOutput(String),
-    /// The tenant's active version (per the registry) is not loaded on this
-    /// node: nothing may run as if it had no plugin.
-    #[error("plugin version {0} is active but not loaded on this node")]
-    Unavailable(i64),
-    /// The tenant's plugin threads are all busy and its queue is full (or
-    /// it has as many live instances as it may): refused, not waited for.
-    #[error("the tenant's plugin is busy (every plugin thread taken, {0} calls waiting)")]
-    Busy(usize),
-    /// Internal: a call on a runtime worker ran past the inline budget and
-    /// was cut; [`active::ActivePlugin::run`] retries it on the tenant's
-    /// plugin threads. Never reaches a client.
-    #[error("plugin call ran past the inline budget")]
-    OverBudget,
-    /// Internal: an inline call found no pooled instance; making one runs
-    /// the component's start code, so [`active::ActivePlugin::run`] moves the
-    /// call to the tenant's plugin threads. Never reaches a client.
-    #[error("no plugin instance was ready")]
-    Cold,
-}
-
-impl PluginError {
-    /// The error for Herald's own log: what the guest wrote (up to 4 KiB,
-    /// in answers to the API and the client) is left out, and a trap's
-    /// message is escaped; a failing plugin cannot fill or forge the log.
-    pub fn for_log(&self) -> String {
-        let quiet = match self {
-            PluginError::Trap(m, o) if !o.0.is_empty() => {
-                PluginError::Trap(m.clone(), GuestOutput::default())
-            }
-            PluginError::Timeout(ms, o) if !o.0.is_empty() => {
-                PluginError::Timeout(*ms, GuestOutput::default())
-            }
-            PluginError::MemoryExceeded(b, o) if !o.0.is_empty() => {
-                PluginError::MemoryExceeded(*b, GuestOutput::default())
-            }
-            other => other.clone(),
-        };
-        let wrote = match self {
-            PluginError::Trap(_, o)
-            | PluginError::Timeout(_, o)
-            | PluginError::MemoryExceeded(_, o)
-                if !o.0.is_empty() =>
-            {
-                format!(" (the plugin wrote {} bytes; see the answer)", o.0.len())
-            }
-            _ => String::new(),
-        };
-        format!("{}{wrote}", quiet.to_string().escape_debug())
-    }
-
-    /// A short label for metrics and reason codes.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            PluginError::Compile(_) => "compile",
-            PluginError::Instantiate(_) => "instantiate",
-            PluginError::Trap(..) => "trap",
-            PluginError::Timeout(..) => "timeout",
-            PluginError::MemoryExceeded(..) => "memory",
-            PluginError::BadOutput(_) => "bad_output",
-            PluginError::Unavailable(_) => "unavailable",
-            PluginError::Busy(_) => "busy",
-            PluginError::OverBudget => "over_budget",
-            PluginError::Cold => "cold",
-        }
-    }
-}
-
-/// The last lines a guest wrote to stdout and stderr during a failed call
-/// (at most [`wasi::OUTPUT_KEEP`] bytes), shown after the error.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct GuestOutput(pub String);
-
-impl std::fmt::Display for GuestOutput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.0.is_empty() {
-            return Ok(());
-        }
-        write!(f, "; the plugin wrote:\n{}", self.0)
-    }
-}
-
-/// The sandbox of one tenant's plugin.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SandboxLimits {
-    /// All linear memories of one instance together.
-    pub memory_bytes: usize,
-    pub deadline: Duration,
-    /// Blocking threads the tenant's calls may use at once, beyond the
-    /// inline fast path (see `active::ActivePlugin::run`).
-    pub threads: usize,
-    /// Calls that may wait for one of those threads; past it a call is
-    /// refused with [`PluginError::Busy`].
-    pub queue: usize,
-}
-
-/// Memory accounting for one instance, enforced by wasmtime: every linear
-/// memory of the instance and every table element count against one cap (a
-/// component is several core modules, each may have memories and tables of
-/// its own), and the number of core instances, memories and tables is capped
-/// per store, so no component can make thousands of either.
-#[derive(Debug)]
-struct Limiter {
-    max: usize,
-    /// Bytes of all linear memories and tables together (they never shrink).
-    total: usize,
-    /// A growth was refused during the current call (reset before each).
-    hit: bool,
-}
-
-/// Core instances one plugin instance may make. The largest example
-/// (a componentize-py component) makes fewer than half of these.
-pub const MAX_CORE_INSTANCES: usize = 64;
-/// Linear memories one plugin instance may define. Each reserves
-/// [`MEMORY_RESERVATION`] of address space, see [`Runtime::with_artifacts`].
-pub const MAX_MEMORIES: usize = 8;
-/// Address space reserved per linear memory: a 32-bit index space, so
-/// loads and stores need no explicit bounds check.
-pub const MEMORY_RESERVATION: u64 = 4 << 30;
-/// Unmapped bytes after (and before) each reservation.
-pub const MEMORY_GUARD: u64 = 32 << 20;
-/// Tables one plugin instance may define.
-pub const MAX_TABLES: usize = 32;
-/// Elements one table may have; each costs [`TABLE_ELEMENT_BYTES`] of the
-/// memory budget too.
-pub const MAX_TABLE_ELEMENTS: usize = 1 << 20;
-/// What wasmtime spends per table element: a pointer.
-const TABLE_ELEMENT_BYTES: usize = std::mem::size_of::<usize>();
-
-impl Limiter {
-    fn new(max: usize) -> Limiter {
-        Limiter {
-            max,
-            total: 0,
-            hit: false,
-        }
-    }
-
-    fn grow(&mut self, bytes: usize) -> bool {
-        let grown = self.total.saturating_add(bytes);
-        if grown > self.max {
-            self.hit = true;
-            return false;
-        }
-        self.total = grown;
-        true
-    }
-}
-
-impl ResourceLimiter for Limiter {
-    fn memory_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        Ok(self.grow(desired.saturating_sub(current)))
-    }
-
-    fn table_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        if desired > MAX_TABLE_ELEMENTS {
-            self.hit = true;
-            return Ok(false);
-        }
-        Ok(self.grow(
-            desired
-                .saturating_sub(current)
-                .saturating_mul(TABLE_ELEMENT_BYTES),
-        ))
-    }
-
-    fn instances(&self) -> usize {
-        MAX_CORE_INSTANCES
-    }
-
-    fn memories(&self) -> usize {
-        MAX_MEMORIES
-    }
-
-    fn tables(&self) -> usize {
-        MAX_TABLES
-    }
-}
 
 /// What each instance's store holds.
 pub struct StoreState {
@@ -591,6 +392,7 @@ fn trap_message(e: &wasmtime::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wasmtime::ResourceLimiter;
 
     #[test]
     fn a_logged_error_leaves_out_what_the_guest_wrote() {
