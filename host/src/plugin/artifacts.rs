@@ -174,17 +174,8 @@ fn key(path: &Path) -> anyhow::Result<[u8; 32]> {
         );
     }
     let text = std::fs::read_to_string(path)?;
-    let mut key = [0u8; 32];
-    let hex = text.trim();
-    if hex.len() != 64 {
-        anyhow::bail!("{}: not an artifact key (64 hex digits)", path.display());
-    }
-    for (i, b) in key.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| {
-            anyhow::anyhow!("{}: not an artifact key (64 hex digits)", path.display())
-        })?;
-    }
-    Ok(key)
+    crate::secret::digest_from_hex(text.trim())
+        .ok_or_else(|| anyhow::anyhow!("{}: not an artifact key (64 hex digits)", path.display()))
 }
 
 /// Makes `dir` (0700, with any missing parents) or checks the one there:

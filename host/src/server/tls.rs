@@ -121,10 +121,11 @@ async fn terminate(
         app.config.max_pending_connections.max(1),
     ));
     let deadline = app.config.head_timeout;
-    let per_address = Arc::new(Handshakes {
-        max: app.config.max_pending_per_address,
-        open: Mutex::new(HashMap::new()),
-    });
+    let per_address = Arc::new(crate::tenant::PerAddress::default());
+    let per_address_max = match app.config.max_pending_per_address {
+        0 => usize::MAX,
+        n => n,
+    };
     loop {
         let permit = tokio::select! {
             _ = app.accepting.cancelled() => return,
@@ -156,7 +157,7 @@ async fn terminate(
         };
         // One address may have as many handshakes going as it may hold
         // doors: past that its connection is closed at once.
-        let Some(claim) = Handshakes::claim(&per_address, peer.ip()) else {
+        let Some(claim) = Claim::new(&per_address, peer.ip(), per_address_max) else {
             crate::metrics::refused_global("address_handshakes");
             drop(tcp);
             continue;
@@ -182,37 +183,22 @@ async fn terminate(
     }
 }
 
-/// Handshakes in progress per client address, and how many one may have
-/// (0: no bound).
-struct Handshakes {
-    max: usize,
-    open: Mutex<HashMap<std::net::IpAddr, usize>>,
-}
+/// One handshake counted under its client's address until dropped.
+struct Claim(Arc<crate::tenant::PerAddress>, std::net::IpAddr);
 
-/// One handshake counted under its address until dropped.
-struct Claim(Arc<Handshakes>, std::net::IpAddr);
-
-impl Handshakes {
-    fn claim(this: &Arc<Handshakes>, ip: std::net::IpAddr) -> Option<Claim> {
-        let mut open = this.open.lock();
-        let n = open.entry(ip).or_insert(0);
-        if this.max > 0 && *n >= this.max {
-            return None;
-        }
-        *n += 1;
-        Some(Claim(this.clone(), ip))
+impl Claim {
+    fn new(
+        open: &Arc<crate::tenant::PerAddress>,
+        ip: std::net::IpAddr,
+        max: usize,
+    ) -> Option<Claim> {
+        open.claim(ip, max).then(|| Claim(open.clone(), ip))
     }
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        let mut open = self.0.open.lock();
-        if let Some(n) = open.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.1);
-            }
-        }
+        self.0.release(self.1);
     }
 }
 

@@ -6,6 +6,38 @@
 
 use super::Tenant;
 use std::collections::HashMap;
+use std::net::IpAddr;
+
+/// Counts per client address, each under a bound, so one address cannot
+/// take what every client shares (doors, TLS handshakes, a public tenant's
+/// sessions). An address whose count falls to 0 is forgotten.
+#[derive(Default)]
+pub struct PerAddress(parking_lot::Mutex<HashMap<IpAddr, u32>>);
+
+impl PerAddress {
+    /// Counts one more for `ip`; false (nothing counted) when it already
+    /// has `max`.
+    pub fn claim(&self, ip: IpAddr, max: usize) -> bool {
+        let mut map = self.0.lock();
+        let n = map.entry(ip).or_insert(0);
+        if *n as usize >= max {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    /// Gives back one claimed for `ip`.
+    pub fn release(&self, ip: IpAddr) {
+        let mut map = self.0.lock();
+        if let Some(n) = map.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&ip);
+            }
+        }
+    }
+}
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -28,7 +60,7 @@ pub struct Capacity {
     door_freed: tokio::sync::Notify,
     /// Doors per client address, and how many one address may hold (0: no
     /// bound): one address cannot take every door.
-    per_address: parking_lot::Mutex<HashMap<std::net::IpAddr, u32>>,
+    per_address: PerAddress,
     per_address_max: usize,
     /// Every door by age, each with the signal that closes it: at the bound
     /// the oldest makes way for a new connection ([`Capacity::evict_oldest`]).
@@ -54,12 +86,9 @@ impl DoorSlot {
         if max == 0 {
             return true;
         }
-        let mut map = self.capacity.per_address.lock();
-        let n = map.entry(address).or_insert(0);
-        if *n as usize >= max {
+        if !self.capacity.per_address.claim(address, max) {
             return false;
         }
-        *n += 1;
         self.address = Some(address);
         true
     }
@@ -73,13 +102,7 @@ impl DoorSlot {
 impl Drop for DoorSlot {
     fn drop(&mut self) {
         if let Some(a) = self.address {
-            let mut map = self.capacity.per_address.lock();
-            if let Some(n) = map.get_mut(&a) {
-                *n -= 1;
-                if *n == 0 {
-                    map.remove(&a);
-                }
-            }
+            self.capacity.per_address.release(a);
         }
         self.capacity.lineup.lock().remove(&self.seq);
         self.capacity.doors.fetch_sub(1, Ordering::AcqRel);
@@ -142,7 +165,7 @@ impl Capacity {
             sockets_max,
             doors_gauge: metrics::gauge!("herald_pending_connections"),
             door_freed: tokio::sync::Notify::new(),
-            per_address: parking_lot::Mutex::new(HashMap::new()),
+            per_address: PerAddress::default(),
             per_address_max,
             lineup: parking_lot::Mutex::new(std::collections::BTreeMap::new()),
             next_door: std::sync::atomic::AtomicU64::new(0),
@@ -246,15 +269,11 @@ impl Capacity {
             address: None,
         };
         if let (Some(ip), Some(per)) = (address, limits.per_address_cap(settings.access)) {
-            let mut map = tenant.per_address.lock();
-            let n = map.entry(ip).or_insert(0);
-            if *n as usize >= per {
-                drop(map);
+            if !tenant.per_address.claim(ip, per) {
                 // Dropping the slot gives back what it took.
                 drop(slot);
                 return Err(Refusal::AddressConnections);
             }
-            *n += 1;
             slot.address = Some(ip);
         }
         Ok(slot)
@@ -274,13 +293,7 @@ impl Drop for ConnectionSlot {
         self.capacity.current.fetch_sub(1, Ordering::AcqRel);
         self.tenant.connections.fetch_sub(1, Ordering::AcqRel);
         if let Some(ip) = self.address {
-            let mut map = self.tenant.per_address.lock();
-            if let Some(n) = map.get_mut(&ip) {
-                *n -= 1;
-                if *n == 0 {
-                    map.remove(&ip);
-                }
-            }
+            self.tenant.per_address.release(ip);
         }
         self.tenant.metrics.connections.decrement(1.0);
     }

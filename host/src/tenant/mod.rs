@@ -24,7 +24,7 @@ mod capacity;
 mod limits;
 mod origins;
 mod sessions;
-pub use capacity::{Capacity, ConnectionSlot, DoorSlot, Refusal};
+pub use capacity::{Capacity, ConnectionSlot, DoorSlot, PerAddress, Refusal};
 pub use limits::{LimitOverrides, TenantLimits, PUBLIC_PER_ADDRESS, PUBLIC_SHARE_PERCENT};
 pub use origins::{cors_headers, parse_origins, Headers, OriginCheck};
 pub use sessions::SessionRegistry;
@@ -70,7 +70,7 @@ pub struct Tenant {
     pub hub: Hub,
     connections: AtomicUsize,
     /// Sessions per client address, where the tenant bounds them.
-    per_address: Mutex<HashMap<std::net::IpAddr, u32>>,
+    per_address: PerAddress,
     rate: Mutex<TokenBucket>,
     /// Every live session, so deletion, an access change or shutdown can
     /// close them; no per-session waiter needed.
@@ -118,7 +118,7 @@ impl Tenant {
             settings: RwLock::new(Arc::new(settings)),
             hub: Hub::default(),
             connections: AtomicUsize::new(0),
-            per_address: Mutex::new(HashMap::new()),
+            per_address: PerAddress::default(),
             rate: Mutex::new(rate),
             sessions: SessionRegistry::default(),
             metrics: TenantMetrics::new(id),

@@ -6,7 +6,7 @@
 //! the printed figures are the record.
 
 use crate::helpers::*;
-use crate::plugins_lanes::{now_us, percentiles, publish_until, watch};
+use crate::plugins_lanes::{percentiles, publish_until, watch};
 use crate::sandbox::{component, hostile_component, spin};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -42,31 +42,20 @@ where
         let ws = node.subscriber(calm, "c").await;
         watchers.push(tokio::spawn(watch(ws, storm_start, until)));
     }
-    let publish = |phase: u64, end: Instant| {
-        let (node_url, key, calm) = (node.url(""), key.clone(), calm.to_string());
-        async move {
-            let http = reqwest::Client::new();
-            let mut sent = 0;
-            while Instant::now() < end {
-                let r = http
-                    .post(format!("{node_url}/v1/t/{calm}/publish"))
-                    .bearer_auth(&key)
-                    .json(&json!({"ch":"c","data":{"us":now_us(),"phase":phase}}))
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(r.status(), 200);
-                sent += 1;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            sent
-        }
-    };
-    let quiet = publish(0, storm_start - Duration::from_millis(500)).await;
+    let quiet = publish_until(
+        node,
+        calm,
+        &key,
+        0,
+        storm_start - Duration::from_millis(500),
+    )
+    .await;
     tokio::time::sleep_until(storm_start.into()).await;
-    let under = tokio::spawn(publish(1, storm_end));
-    attack(storm_end).await;
-    let sent = [quiet, under.await.unwrap()];
+    let (under, ()) = tokio::join!(
+        publish_until(node, calm, &key, 1, storm_end),
+        attack(storm_end)
+    );
+    let sent = [quiet, under];
     let mut delays = [Vec::new(), Vec::new()];
     for w in watchers {
         let seen = w.await.unwrap();
@@ -75,7 +64,6 @@ where
             delays[phase].extend(&seen.delays_us[phase]);
         }
     }
-    let _ = publish_until;
     [
         percentiles(std::mem::take(&mut delays[0])),
         percentiles(std::mem::take(&mut delays[1])),

@@ -64,12 +64,18 @@ async fn node_with(body: Value) -> (tempfile::TempDir, Node) {
 
 /// The calm tenant publishes 50 messages a second, stamped with the time
 /// and `phase`, until `end`; returns how many.
-pub(crate) async fn publish_until(node: &Node, key: &str, phase: u64, end: Instant) -> usize {
+pub(crate) async fn publish_until(
+    node: &Node,
+    tenant: &str,
+    key: &str,
+    phase: u64,
+    end: Instant,
+) -> usize {
     let mut sent = 0;
     while Instant::now() < end {
         let (s, v) = node
             .publish(
-                "calm",
+                tenant,
                 key,
                 json!({"ch":"c","data":{"us":now_us(),"phase":phase}}),
             )
@@ -114,7 +120,14 @@ async fn under_attack(node: &Node, target: &str, connectors: usize) -> Attack {
         watchers.push(tokio::spawn(watch(ws, storm_start, until)));
     }
     let mut sent = [0usize; 2];
-    sent[0] = publish_until(node, &key, 0, storm_start - Duration::from_millis(500)).await;
+    sent[0] = publish_until(
+        node,
+        "calm",
+        &key,
+        0,
+        storm_start - Duration::from_millis(500),
+    )
+    .await;
     tokio::time::sleep_until(storm_start.into()).await;
 
     // The flood: 32 clients connecting to the slow tenant over and over.
@@ -147,7 +160,7 @@ async fn under_attack(node: &Node, target: &str, connectors: usize) -> Attack {
         }));
     }
 
-    sent[1] = publish_until(node, &key, 1, storm_end).await;
+    sent[1] = publish_until(node, "calm", &key, 1, storm_end).await;
     for f in flood {
         f.await.unwrap();
     }
