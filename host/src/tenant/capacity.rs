@@ -262,21 +262,25 @@ impl Capacity {
                 Refusal::TenantShare
             });
         }
+        // Counted under the client's address before anything shows it, so a
+        // refusal here never appears in the tenant's connection gauge.
+        let address = match (address, limits.per_address_cap(settings.access)) {
+            (Some(ip), Some(per)) => {
+                if !tenant.per_address.claim(ip, per) {
+                    tenant.connections.fetch_sub(1, Ordering::AcqRel);
+                    self.current.fetch_sub(1, Ordering::AcqRel);
+                    return Err(Refusal::AddressConnections);
+                }
+                Some(ip)
+            }
+            _ => None,
+        };
         tenant.metrics.connections.increment(1.0);
-        let mut slot = ConnectionSlot {
+        Ok(ConnectionSlot {
             capacity: self.clone(),
             tenant: tenant.clone(),
-            address: None,
-        };
-        if let (Some(ip), Some(per)) = (address, limits.per_address_cap(settings.access)) {
-            if !tenant.per_address.claim(ip, per) {
-                // Dropping the slot gives back what it took.
-                drop(slot);
-                return Err(Refusal::AddressConnections);
-            }
-            slot.address = Some(ip);
-        }
-        Ok(slot)
+            address,
+        })
     }
 }
 
