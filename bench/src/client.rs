@@ -9,7 +9,7 @@
 
 use crate::track::{SeqTracker, Stats};
 use anyhow::{bail, Context as _};
-use herald::proto::ws::{decode_frame, encode_client_frame, OpCode, Role};
+use herald_proto::ws::{decode_frame, encode_client_frame, OpCode, Role};
 use serde::Deserialize;
 use std::borrow::Cow;
 use std::cell::RefCell;

@@ -23,7 +23,7 @@ use crate::opts::CommonArgs;
 use crate::report;
 use crate::target::{Target, TENANT};
 use anyhow::{bail, Context as _};
-use herald::proto::ws::{decode_frame, encode_client_frame, OpCode, Role};
+use herald_proto::ws::{decode_frame, encode_client_frame, OpCode, Role};
 use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::mocking::MockCluster;

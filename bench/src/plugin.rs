@@ -19,9 +19,9 @@ use crate::report;
 use crate::target::Target;
 use anyhow::{bail, Context as _};
 use base64::Engine as _;
-use herald::plugin::active::{Activation, ActivePlugin};
-use herald::plugin::batch::SourceRecord;
-use herald::plugin::{Runtime, SandboxLimits};
+use herald_plugin::active::{Activation, ActivePlugin};
+use herald_plugin::batch::SourceRecord;
+use herald_plugin::{Runtime, SandboxLimits};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::net::SocketAddr;
@@ -86,7 +86,7 @@ fn load(
     let component = runtime.compile(&bytes)?;
     let activation = Activation {
         version: 1,
-        sha256: herald::plugin::sha256_hex(&bytes),
+        sha256: herald_plugin::sha256_hex(&bytes),
         tenant: "bench".into(),
         config: config.into(),
         limits: SandboxLimits {
@@ -312,7 +312,7 @@ pub async fn run(a: PluginArgs) -> anyhow::Result<()> {
 
     let calls = if smoke { 200 } else { a.auth_calls };
     let token = jwt("bench-user");
-    let req = herald::plugin::ConnectRequest {
+    let req = herald_plugin::ConnectRequest {
         tenant: "bench".into(),
         transport: "ws".into(),
         headers: vec![("origin".into(), "http://localhost".into())],

@@ -9,8 +9,8 @@
 //! whole loses that frame (counted in `dropped`) — the baseline measures the
 //! cost of the write itself, not a delivery guarantee.
 
-use herald::proto::ws::{self, decode_frame, encode_frame, OpCode, Role};
-use herald::proto::{self, ClientOp, PayloadKind};
+use herald_proto::ws::{self, decode_frame, encode_frame, OpCode, Role};
+use herald_proto::{self as proto, ClientOp, PayloadKind};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::collections::HashMap;

@@ -23,11 +23,11 @@ use std::time::{Duration, Instant};
 mod capacity;
 mod limits;
 mod origins;
-mod sessions;
+
+pub use crate::fanout::registry::SessionRegistry;
 pub use capacity::{Capacity, ConnectionSlot, DoorSlot, PerAddress, Refusal};
 pub use limits::{LimitOverrides, TenantLimits, PUBLIC_PER_ADDRESS, PUBLIC_SHARE_PERCENT};
 pub use origins::{cors_headers, parse_origins, Headers, OriginCheck};
-pub use sessions::SessionRegistry;
 
 /// Who may connect and subscribe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -6,7 +6,7 @@ fn records_pack_in_order() {
     let recs = [
         SourceRecord {
             timestamp_ms: 5,
-            position: Some(crate::fanout::position::SourcePos {
+            position: Some(herald_fanout::position::SourcePos {
                 stream: 0,
                 order: (0, 9),
                 number: 9,
@@ -18,7 +18,7 @@ fn records_pack_in_order() {
         },
         SourceRecord {
             timestamp_ms: 6,
-            position: Some(crate::fanout::position::SourcePos {
+            position: Some(herald_fanout::position::SourcePos {
                 stream: 0,
                 order: (0, 10),
                 number: 10,

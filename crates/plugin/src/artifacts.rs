@@ -47,7 +47,7 @@ impl std::fmt::Debug for Cache {
 }
 
 fn path(dir: &Path, digest: &[u8; 32]) -> PathBuf {
-    dir.join(format!("{}.cwasm", crate::secret::hex(digest)))
+    dir.join(format!("{}.cwasm", herald_base::secret::hex(digest)))
 }
 
 impl Cache {
@@ -148,7 +148,7 @@ fn key(path: &Path) -> anyhow::Result<[u8; 32]> {
         Ok(md) => md,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key: [u8; 32] = rand::random();
-            match create_new(path, crate::secret::hex(&key).as_bytes()) {
+            match create_new(path, herald_base::secret::hex(&key).as_bytes()) {
                 Ok(()) => return Ok(key),
                 // Another process made it first: read theirs.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -174,7 +174,7 @@ fn key(path: &Path) -> anyhow::Result<[u8; 32]> {
         );
     }
     let text = std::fs::read_to_string(path)?;
-    crate::secret::digest_from_hex(text.trim())
+    herald_base::secret::digest_from_hex(text.trim())
         .ok_or_else(|| anyhow::anyhow!("{}: not an artifact key (64 hex digits)", path.display()))
 }
 
@@ -252,13 +252,13 @@ mod tests {
         let shared = dir.path().join("shared");
         std::fs::create_dir(&shared).unwrap();
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let e = crate::plugin::Runtime::with_artifacts(Some(shared.clone()))
+        let e = crate::Runtime::with_artifacts(Some(shared.clone()))
             .err()
             .expect("refused");
         assert!(format!("{e:#}").contains("writable by"), "{e:#}");
         // One it makes itself is its user's alone.
         let own = dir.path().join("a/b/compiled");
-        crate::plugin::Runtime::with_artifacts(Some(own.clone())).unwrap();
+        crate::Runtime::with_artifacts(Some(own.clone())).unwrap();
         let mode = std::fs::metadata(&own).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700, "{mode:o}");
     }
@@ -274,10 +274,10 @@ mod tests {
         let (a, b) = (dir.path().join("a/compiled"), dir.path().join("b/compiled"));
         let bytes = b"\0asm\x0d\x00\x01\x00";
         let digest: [u8; 32] = Sha256::digest(bytes).into();
-        let ra = crate::plugin::Runtime::with_artifacts(Some(a.clone())).unwrap();
+        let ra = crate::Runtime::with_artifacts(Some(a.clone())).unwrap();
         ra.compile(bytes).unwrap();
         let planted = std::fs::read(path(&a, &digest)).unwrap();
-        let rb = crate::plugin::Runtime::with_artifacts(Some(b.clone())).unwrap();
+        let rb = crate::Runtime::with_artifacts(Some(b.clone())).unwrap();
         std::fs::write(path(&b, &digest), &planted).unwrap();
         rb.compile(bytes).unwrap();
         assert_ne!(

@@ -233,12 +233,12 @@ impl OutQueue {
         let mut lost = self.lost.take().map(|b| b.0).unwrap_or_default();
         lost.sort_by_key(|l| std::cmp::Reverse(l.at));
         for l in lost {
-            let json = crate::proto::encode_gap(&l.ch, l.from, l.to);
+            let json = herald_proto::encode_gap(&l.ch, l.from, l.to);
             let gap = Item::Ctrl(match wire {
                 Wire::Ws => {
-                    crate::proto::ws::encode_frame(crate::proto::ws::OpCode::Text, json.as_bytes())
+                    herald_proto::ws::encode_frame(herald_proto::ws::OpCode::Text, json.as_bytes())
                 }
-                Wire::Sse => crate::proto::sse::encode_event("gap", &json),
+                Wire::Sse => herald_proto::sse::encode_event("gap", &json),
             });
             items.insert(l.at.min(items.len()), gap);
         }
@@ -249,7 +249,7 @@ impl OutQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fanout::Published;
+    use crate::Published;
 
     fn msg(ch: &str, seq: u64, key: Option<&str>, size: usize) -> Item {
         Item::Msg(Arc::new(Published::for_test(ch, seq, key, size)))

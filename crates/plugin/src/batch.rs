@@ -10,14 +10,14 @@
 //! and the record is reported as refused, the rest of the batch goes on.
 //! Checking costs no allocation per message.
 
-use crate::proto;
+use herald_proto as proto;
 
 /// One record as a source delivered it.
 #[derive(Debug, Clone, Copy)]
 pub struct SourceRecord<'a> {
     pub timestamp_ms: u64,
     /// Where the record sits in its source; `None` for HTTP publish.
-    pub position: Option<crate::fanout::position::SourcePos>,
+    pub position: Option<herald_fanout::position::SourcePos>,
     pub key: Option<&'a [u8]>,
     pub value: &'a [u8],
     /// The channel the publisher named (HTTP publish), if any.

@@ -206,10 +206,10 @@ pub fn flush(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fanout::position::SourcePos;
-    use crate::fanout::queue::{Item, SlowConsumer, Wire};
-    use crate::fanout::session::SessionHandle;
-    use crate::proto::PayloadKind;
+    use crate::position::SourcePos;
+    use crate::queue::{Item, SlowConsumer, Wire};
+    use crate::session::SessionHandle;
+    use herald_proto::PayloadKind;
     use std::sync::Arc;
 
     const H: HistoryLimits = HistoryLimits {

@@ -13,7 +13,7 @@
 use super::channel::{Channel, Pending, PendingSlot, Subscriber};
 use super::session::SessionHandle;
 use super::{key_of, pick, upto, HistoryLimits, Hub, Published, SubscribeResult, UNKNOWN};
-use crate::proto;
+use herald_proto as proto;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

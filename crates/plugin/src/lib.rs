@@ -36,7 +36,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 /// today. Its types are the host's own.
 mod v2 {
     wasmtime::component::bindgen!({
-        path: "../sdk/wit",
+        path: "../../sdk/wit",
         world: "plugin",
     });
 }
@@ -45,7 +45,7 @@ mod v2 {
 /// before 0.2.0 keep running beside 0.2.0 ones.
 mod v1 {
     wasmtime::component::bindgen!({
-        path: "../sdk/wit-0.1.0",
+        path: "../../sdk/wit-0.1.0",
         world: "plugin",
     });
 }
@@ -126,7 +126,7 @@ impl self::v2::herald::plugin::host::Host for StoreState {
     }
 
     fn now_ms(&mut self) -> u64 {
-        crate::clock::now_ms() as u64
+        herald_base::clock::now_ms() as u64
     }
 
     fn config(&mut self) -> String {
@@ -150,7 +150,7 @@ impl self::v1::herald::plugin::host::Host for StoreState {
     }
 
     fn now_ms(&mut self) -> u64 {
-        crate::clock::now_ms() as u64
+        herald_base::clock::now_ms() as u64
     }
 
     fn config(&mut self) -> String {
@@ -176,7 +176,7 @@ pub struct Runtime {
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    crate::secret::hex(&Sha256::digest(bytes))
+    herald_base::secret::hex(&Sha256::digest(bytes))
 }
 
 impl Runtime {
@@ -228,10 +228,9 @@ impl Runtime {
 
     /// Whether the component with this sha256 (hex) is compiled in memory.
     pub fn is_compiled(&self, sha256: &str) -> bool {
-        self.cache
-            .lock()
-            .iter()
-            .any(|(d, c)| c.get().is_some_and(Result::is_ok) && crate::secret::hex(d) == sha256)
+        self.cache.lock().iter().any(|(d, c)| {
+            c.get().is_some_and(Result::is_ok) && herald_base::secret::hex(d) == sha256
+        })
     }
 
     /// Forgets compiled components whose sha256 (hex) is not in `keep`;
@@ -239,7 +238,7 @@ impl Runtime {
     pub fn retain(&self, keep: &std::collections::HashSet<String>) -> usize {
         let mut cache = self.cache.lock();
         cache.retain(|digest, cell| {
-            cell.get().is_none() || keep.contains(&crate::secret::hex(digest))
+            cell.get().is_none() || keep.contains(&herald_base::secret::hex(digest))
         });
         metrics::gauge!("herald_plugin_compiled_versions").set(cache.len() as f64);
         cache.len()
@@ -260,7 +259,7 @@ impl Runtime {
             let started = std::time::Instant::now();
             let c = Component::new(&self.engine, bytes).map_err(|e| format!("{e:#}"))?;
             metrics::counter!("herald_plugin_compiles_total", "from" => "compile").increment(1);
-            tracing::info!(sha256 = %crate::secret::hex(&digest), bytes = bytes.len(), ms = started.elapsed().as_millis() as u64, "plugin component compiled");
+            tracing::info!(sha256 = %herald_base::secret::hex(&digest), bytes = bytes.len(), ms = started.elapsed().as_millis() as u64, "plugin component compiled");
             if let Some(a) = &self.artifacts {
                 a.store(&digest, &c);
             }

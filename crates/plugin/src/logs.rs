@@ -8,7 +8,7 @@
 //! a second (a burst of [`BURST`]) across all its instances — what is
 //! dropped past that is counted and said once it writes again.
 
-use crate::ratelimit::TokenBucket;
+use herald_base::ratelimit::TokenBucket;
 use parking_lot::Mutex;
 use std::time::Instant;
 

@@ -26,7 +26,7 @@ use super::position::SourcePos;
 use super::queue::{Item, SlowConsumer, Wire};
 use super::session::SessionHandle;
 use super::{At, HistoryLimits, Hub, Variant};
-use crate::proto::PayloadKind;
+use herald_proto::PayloadKind;
 use proptest::prelude::*;
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -37,13 +37,14 @@ pub mod deliver;
 mod model;
 pub mod position;
 pub mod queue;
+pub mod registry;
 mod report;
 mod resume;
 pub mod session;
 
-use crate::proto::{self, PayloadKind};
 use bytes::Bytes;
 use channel::{entry_bytes, Channel, Entry, Pending, PendingSlot, Tomb, MAX_TOMBS};
+use herald_proto::{self as proto, PayloadKind};
 use parking_lot::Mutex;
 use position::{SourcePos, MESSAGES_PER_RECORD};
 use queue::Wire;

@@ -11,7 +11,7 @@
 
 use super::session::SessionHandle;
 use super::{At, Duplicate, HistoryLimits, PublishReport, Published, Serves, Variant};
-use crate::proto::{self, sse, ws};
+use herald_proto::{self as proto, sse, ws};
 use indexmap::IndexMap;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -132,7 +132,7 @@ pub struct ActivePlugin {
     /// INLINE, SLOW or BLOCKING.
     mode: AtomicU8,
     /// Refusals for being busy are logged once a second.
-    busy_logged: crate::metrics::LogEvery,
+    busy_logged: herald_base::metrics::LogEvery,
     fast_streak: AtomicU32,
     /// Records per transform call: [`MAX_RECORDS_PER_CALL`], halved by a
     /// call that timed out, doubled back after [`GROW_AFTER`] good ones.

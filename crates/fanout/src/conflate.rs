@@ -10,7 +10,7 @@
 //! published at once instead of held, after what its channel holds).
 
 use super::At;
-use crate::proto::PayloadKind;
+use herald_proto::PayloadKind;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -387,7 +387,7 @@ mod tests {
         let mut c = Conflator::default();
         let at = |stream, n| {
             Some(At {
-                pos: crate::fanout::position::SourcePos {
+                pos: crate::position::SourcePos {
                     stream,
                     order: (n, n),
                     number: n,

@@ -4,8 +4,8 @@
 //! the contract.
 
 use super::{ActivePlugin, Bound, GROW_AFTER, MAX_RECORDS_PER_CALL};
-use crate::plugin::batch::{self, SourceRecord, Transformed};
-use crate::plugin::{Encoding, PluginError};
+use crate::batch::{self, SourceRecord, Transformed};
+use crate::{Encoding, PluginError};
 use std::sync::atomic::Ordering;
 
 impl ActivePlugin {
@@ -98,14 +98,12 @@ impl ActivePlugin {
                 let (data, meta) = batch::encode_records(records);
                 self.call(|s, p| match p {
                     Bound::V0_2(p) => {
-                        let b =
-                            crate::plugin::v2::herald::plugin::types::RecordBatch { data, meta };
+                        let b = crate::v2::herald::plugin::types::RecordBatch { data, meta };
                         let o = p.herald_plugin_guest().call_transform_flat(s, &b)?;
                         Ok((o.data, o.meta))
                     }
                     Bound::V0_1(p) => {
-                        let b =
-                            crate::plugin::v1::herald::plugin::types::RecordBatch { data, meta };
+                        let b = crate::v1::herald::plugin::types::RecordBatch { data, meta };
                         let o = p.herald_plugin_guest().call_transform(s, &b)?;
                         Ok((o.data, o.meta))
                     }

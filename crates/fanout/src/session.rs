@@ -12,8 +12,8 @@
 
 use super::queue::{Item, OutQueue, PushOutcome, SlowConsumer, Wire};
 use super::Published;
-use crate::proto::{sse, ws};
 use bytes::Bytes;
+use herald_proto::{sse, ws};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -95,7 +95,7 @@ impl SessionInfo {
         SessionInfo {
             id: NEXT_SESSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             subject: subject.map(Box::from),
-            connected_at_ms: crate::clock::now_ms() as u64,
+            connected_at_ms: herald_base::clock::now_ms() as u64,
             remote,
             origin,
         }

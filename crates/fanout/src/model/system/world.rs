@@ -8,7 +8,7 @@ use super::super::super::queue::{Item, SlowConsumer, Wire};
 use super::super::super::session::SessionHandle;
 use super::super::super::{At, Hub, Message, Variant};
 use super::{CHANNELS, CLIENTS, HISTORY, NODES, SEED, SLOW, SLOW_QUEUE};
-use crate::proto::PayloadKind;
+use herald_proto::PayloadKind;
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! The live sessions of a tenant, by weak handle: closed together (deletion,
 //! access or admission changes, shutdown) and listed for the operator.
 
-use crate::fanout::session::{QueueClose, SessionHandle, SessionInfo};
+use crate::session::{QueueClose, SessionHandle, SessionInfo};
 use parking_lot::Mutex;
 use std::sync::{Arc, Weak};
 
