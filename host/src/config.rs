@@ -1,36 +1,20 @@
 //! Configuration: one tree, parsed once from flags and `HERALD_*` variables,
 //! validated before any port is bound.
 //!
-//! Owns: the command line. Invariant: nothing below `main` reads the
-//! environment; every other module receives the piece of [`Config`] it needs.
+//! Owns: `herald serve`'s flags and `HERALD_*` variables ([`ServeArgs`]) and
+//! their validation into [`Config`]. Invariant: nothing below `main` reads
+//! the environment; `lib::run` hands every layer the part of [`Config`] it
+//! reads (ARCHITECTURE.md, "Layers"), and no module below it names `Config`.
 
 use crate::fanout::queue::SlowConsumer;
 use crate::tenant::TenantLimits;
-use clap::{Args, Parser, Subcommand};
+
+/// The limit flags' defaults: the tenant layer's (tenant/limits.rs).
+const D: TenantLimits = TenantLimits::DEFAULT;
+use clap::Args;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
-
-#[derive(Debug, Parser)]
-#[command(name = "herald", version, about = "Multi-tenant real-time push server")]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-#[allow(clippy::large_enum_variant)] // parsed once, at start
-pub enum Command {
-    /// Start the server.
-    Serve(ServeArgs),
-    /// Write, build and try plugins; push them to a server and activate them.
-    #[command(subcommand)]
-    Plugin(crate::cli::PluginCommand),
-    // tenant, source, publish, nodes, connections, disconnect, history: a
-    // running server's admin API (admin_cli.rs).
-    #[command(flatten)]
-    Admin(crate::admin_cli::AdminCommand),
-}
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -194,71 +178,71 @@ pub struct LimitArgs {
     #[arg(long, env = "HERALD_TENANT_MAX_CONNECTIONS")]
     pub tenant_max_connections: Option<usize>,
     /// Subscriptions per connection.
-    #[arg(long, env = "HERALD_MAX_SUBSCRIPTIONS", default_value_t = 128)]
+    #[arg(long, env = "HERALD_MAX_SUBSCRIPTIONS", default_value_t = D.max_subscriptions)]
     pub max_subscriptions: usize,
     /// Largest client frame and published payload, in bytes.
-    #[arg(long, env = "HERALD_MAX_MESSAGE_BYTES", default_value_t = 65_536)]
+    #[arg(long, env = "HERALD_MAX_MESSAGE_BYTES", default_value_t = D.max_message_bytes)]
     pub max_message_bytes: usize,
     /// Outbound queue per session, in bytes.
-    #[arg(long, env = "HERALD_QUEUE_BYTES", default_value_t = 262_144)]
+    #[arg(long, env = "HERALD_QUEUE_BYTES", default_value_t = D.queue_bytes)]
     pub queue_bytes: usize,
     /// What a full session queue does: conflate, drop-oldest or disconnect.
     #[arg(long, env = "HERALD_SLOW_CONSUMER", default_value = "conflate", value_parser = parse_policy)]
     pub slow_consumer: SlowConsumer,
     /// Published messages per second per tenant (sustained).
-    #[arg(long, env = "HERALD_PUBLISH_RATE", default_value_t = 10_000.0)]
+    #[arg(long, env = "HERALD_PUBLISH_RATE", default_value_t = D.publish_rate)]
     pub publish_rate: f64,
     /// Publish burst per tenant above the sustained rate.
-    #[arg(long, env = "HERALD_PUBLISH_BURST", default_value_t = 20_000)]
+    #[arg(long, env = "HERALD_PUBLISH_BURST", default_value_t = D.publish_burst)]
     pub publish_burst: u32,
     /// Messages kept per channel for resume.
-    #[arg(long, env = "HERALD_HISTORY_SIZE", default_value_t = 100)]
+    #[arg(long, env = "HERALD_HISTORY_SIZE", default_value_t = D.history_size)]
     pub history_size: usize,
     /// Age after which history is dropped, in seconds.
-    #[arg(long, env = "HERALD_HISTORY_TTL_SECS", default_value_t = 300)]
+    #[arg(long, env = "HERALD_HISTORY_TTL_SECS", default_value_t = D.history_ttl_ms / 1000)]
     pub history_ttl_secs: u64,
     /// Encoded bytes of history one channel keeps (besides the count and age).
-    #[arg(long, env = "HERALD_HISTORY_BYTES", default_value_t = 1 << 20)]
+    #[arg(long, env = "HERALD_HISTORY_BYTES", default_value_t = D.history_bytes)]
     pub history_bytes: usize,
     /// MiB of history all of one tenant's channels keep together; a message
     /// past it is sent live, not kept (a resume across it gets a `gap`).
-    #[arg(long, env = "HERALD_TENANT_HISTORY_MIB", default_value_t = 256)]
+    #[arg(long, env = "HERALD_TENANT_HISTORY_MIB", default_value_t = D.history_total_bytes >> 20)]
     pub tenant_history_mib: usize,
     /// Channels one tenant's subscribers may bring into being.
-    #[arg(long, env = "HERALD_MAX_CHANNELS", default_value_t = 100_000)]
+    #[arg(long, env = "HERALD_MAX_CHANNELS", default_value_t = D.max_channels)]
     pub max_channels: usize,
     /// MiB one tenant's conflation window may hold.
-    #[arg(long, env = "HERALD_CONFLATION_MAX_MIB", default_value_t = 64)]
+    #[arg(long, env = "HERALD_CONFLATION_MAX_MIB", default_value_t = D.conflation_max_bytes >> 20)]
     pub conflation_max_mib: usize,
     /// Percent of --memory-budget-mib one tenant's queues, histories and
     /// window may hold: near the budget only tenants past their share are
     /// refused new connections.
-    #[arg(long, env = "HERALD_MEMORY_SHARE_PERCENT", default_value_t = 50)]
+    #[arg(long, env = "HERALD_MEMORY_SHARE_PERCENT", default_value_t = D.memory_share_percent)]
     pub memory_share_percent: u8,
     /// Memory cap of each plugin instance, in MiB.
-    #[arg(long, env = "HERALD_PLUGIN_MEMORY_MIB", default_value_t = 64)]
+    #[arg(long, env = "HERALD_PLUGIN_MEMORY_MIB", default_value_t = D.plugin_memory_bytes >> 20)]
     pub plugin_memory_mib: usize,
     /// CPU deadline of each plugin call, in milliseconds.
-    #[arg(long, env = "HERALD_PLUGIN_DEADLINE_MS", default_value_t = 100)]
+    #[arg(long, env = "HERALD_PLUGIN_DEADLINE_MS", default_value_t = D.plugin_deadline_ms)]
     pub plugin_deadline_ms: u64,
     /// Blocking threads each tenant's plugin calls may use at once (calls
     /// that overran the 2 ms inline budget, merges, blocking guests).
-    #[arg(long, env = "HERALD_PLUGIN_THREADS", default_value_t = 2)]
+    #[arg(long, env = "HERALD_PLUGIN_THREADS", default_value_t = D.plugin_threads)]
     pub plugin_threads: usize,
     /// Plugin calls of a tenant that may wait for one of its threads; past
     /// it a connect, subscribe or publish is refused with `plugin_busy`.
-    #[arg(long, env = "HERALD_PLUGIN_QUEUE", default_value_t = 64)]
+    #[arg(long, env = "HERALD_PLUGIN_QUEUE", default_value_t = D.plugin_queue)]
     pub plugin_queue: usize,
     /// Client operations (WebSocket frames) per second per connection; past
     /// the burst a client gets `err` `rate_limited`, and is closed (1008) if
     /// it keeps going.
-    #[arg(long, env = "HERALD_CLIENT_OPS_PER_SEC", default_value_t = 50.0)]
+    #[arg(long, env = "HERALD_CLIENT_OPS_PER_SEC", default_value_t = D.client_ops_per_sec)]
     pub client_ops_per_sec: f64,
     /// Client operations a connection may send at once above the rate.
-    #[arg(long, env = "HERALD_CLIENT_OPS_BURST", default_value_t = 300)]
+    #[arg(long, env = "HERALD_CLIENT_OPS_BURST", default_value_t = D.client_ops_burst)]
     pub client_ops_burst: u32,
     /// Largest plugin component accepted for upload, in MiB.
-    #[arg(long, env = "HERALD_PLUGIN_MAX_MIB", default_value_t = 32)]
+    #[arg(long, env = "HERALD_PLUGIN_MAX_MIB", default_value_t = D.plugin_max_bytes >> 20)]
     pub plugin_max_mib: usize,
 }
 
@@ -552,10 +536,12 @@ impl Config {
     /// A configuration for tests and embedding: SQLite in `data_dir`, defaults
     /// as the command line would give them.
     pub fn for_data_dir(data_dir: impl Into<PathBuf>) -> Config {
-        let cli = Cli::parse_from(["herald", "serve"]);
-        let Command::Serve(args) = cli.command else {
-            unreachable!("parsed from \"serve\"")
-        };
+        #[derive(clap::Parser)]
+        struct Serve {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let Serve { args } = clap::Parser::parse_from(["herald"]);
         let mut c = args.to_config().expect("defaults are valid");
         c.data_dir = data_dir.into();
         c

@@ -12,7 +12,6 @@ pub use herald_fanout as fanout;
 pub use herald_plugin as plugin;
 pub use herald_proto as proto;
 
-pub mod admin_cli;
 pub mod api;
 pub mod app;
 mod cgroup;

@@ -2,14 +2,14 @@
 
 use anyhow::Context as _;
 use clap::Parser;
-use herald::config::{Cli, Command};
+use herald::cli::{Cli, Command};
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let args = match cli.command {
         Command::Serve(args) => args,
         Command::Admin(cmd) => {
-            if let Err(e) = herald::admin_cli::run(&cmd) {
+            if let Err(e) = herald::cli::admin::run(&cmd) {
                 eprintln!("herald: {e}");
                 std::process::exit(1);
             }
@@ -17,19 +17,19 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Plugin(cmd) => {
             let done = match &cmd {
-                herald::cli::PluginCommand::New(a) => herald::cli::new(a),
-                herald::cli::PluginCommand::Test(a) => herald::cli::test(a),
-                herald::cli::PluginCommand::Push(a) => {
-                    herald::admin_cli::plugin_push(a).map_err(anyhow::Error::from)
+                herald::cli::plugin::PluginCommand::New(a) => herald::cli::plugin::new(a),
+                herald::cli::plugin::PluginCommand::Test(a) => herald::cli::plugin::test(a),
+                herald::cli::plugin::PluginCommand::Push(a) => {
+                    herald::cli::admin::plugin_push(a).map_err(anyhow::Error::from)
                 }
-                herald::cli::PluginCommand::List(a) => {
-                    herald::admin_cli::plugin_list(a).map_err(anyhow::Error::from)
+                herald::cli::plugin::PluginCommand::List(a) => {
+                    herald::cli::admin::plugin_list(a).map_err(anyhow::Error::from)
                 }
-                herald::cli::PluginCommand::Activate(a) => {
-                    herald::admin_cli::plugin_activate(a).map_err(anyhow::Error::from)
+                herald::cli::plugin::PluginCommand::Activate(a) => {
+                    herald::cli::admin::plugin_activate(a).map_err(anyhow::Error::from)
                 }
-                herald::cli::PluginCommand::Rollback(a) => {
-                    herald::admin_cli::plugin_rollback(a).map_err(anyhow::Error::from)
+                herald::cli::plugin::PluginCommand::Rollback(a) => {
+                    herald::cli::admin::plugin_rollback(a).map_err(anyhow::Error::from)
                 }
             };
             if let Err(e) = done {

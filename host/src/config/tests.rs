@@ -1,5 +1,7 @@
 //! Unit tests of the serve flags: ranges, secrets by file, defaults.
 use super::*;
+use crate::cli::{Cli, Command};
+use clap::Parser as _;
 
 /// Secrets can come from files (no argv, no environment a
 /// `ps` or `/proc/…/environ` shows): one line, its line break dropped;

@@ -61,6 +61,42 @@ pub const PUBLIC_SHARE_PERCENT: u8 = 50;
 /// still fits; one machine cannot take the tenant).
 pub const PUBLIC_PER_ADDRESS: usize = 1000;
 
+impl Default for TenantLimits {
+    fn default() -> Self {
+        TenantLimits::DEFAULT
+    }
+}
+
+impl TenantLimits {
+    /// The defaults of `herald serve`'s limit flags (config.rs takes its
+    /// defaults from here): a tenant's limits where nothing overrides them.
+    pub const DEFAULT: TenantLimits = TenantLimits {
+        max_connections: None,
+        connection_share_percent: None,
+        max_connections_per_address: None,
+        max_subscriptions: 128,
+        max_message_bytes: 65_536,
+        queue_bytes: 262_144,
+        slow_consumer: SlowConsumer::Conflate,
+        publish_rate: 10_000.0,
+        publish_burst: 20_000,
+        history_size: 100,
+        history_ttl_ms: 300_000,
+        history_bytes: 1 << 20,
+        history_total_bytes: 256 << 20,
+        max_channels: 100_000,
+        conflation_max_bytes: 64 << 20,
+        memory_share_percent: 50,
+        plugin_memory_bytes: 64 << 20,
+        plugin_deadline_ms: 100,
+        plugin_max_bytes: 32 << 20,
+        plugin_threads: 2,
+        plugin_queue: 64,
+        client_ops_per_sec: 50.0,
+        client_ops_burst: 300,
+    };
+}
+
 impl TenantLimits {
     /// The most sessions the tenant may hold in a process of `capacity`:
     /// its `max_connections`, else its share of the capacity.

@@ -314,7 +314,7 @@ pub(crate) mod tests {
     use crate::fanout::queue::SlowConsumer;
 
     pub(crate) fn defaults() -> TenantLimits {
-        crate::config::Config::for_data_dir("/nonexistent").limits
+        TenantLimits::DEFAULT
     }
 
     pub(crate) fn public_tenant(id: &str) -> Arc<Tenant> {

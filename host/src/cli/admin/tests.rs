@@ -25,7 +25,7 @@ fn parse(args: &[&str]) -> Result<TestCommand, clap::Error> {
 #[test]
 fn the_command_trees_are_valid() {
     TestCli::command().debug_assert();
-    crate::config::Cli::command().debug_assert();
+    crate::cli::Cli::command().debug_assert();
 }
 
 #[test]

@@ -26,13 +26,13 @@ pub enum PluginCommand {
     /// Run a component's hooks locally and print what they answer.
     Test(TestArgs),
     /// Upload a component to a tenant on a server (waits while a large one compiles).
-    Push(crate::admin_cli::PushArgs),
+    Push(crate::cli::admin::PushArgs),
     /// List a tenant's stored plugin versions.
-    List(crate::admin_cli::TenantArgs),
+    List(crate::cli::admin::TenantArgs),
     /// Make a stored version the tenant's active plugin.
-    Activate(crate::admin_cli::ActivateArgs),
+    Activate(crate::cli::admin::ActivateArgs),
     /// Activate the version that was active before the current one.
-    Rollback(crate::admin_cli::TenantArgs),
+    Rollback(crate::cli::admin::TenantArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
