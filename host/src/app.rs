@@ -31,6 +31,8 @@ pub struct App {
     pub accepting: CancellationToken,
     pub tracker: TaskTracker,
     pub plugins: Arc<Runtime>,
+    /// Every tenant's ingest source, keyed by tenant id.
+    pub sources: crate::source::Sources,
     ready: AtomicBool,
     /// The start's first reconcile is running: a tenant's plugin is not
     /// loaded in line but queued in `deferred_loads`, so the server listens
@@ -87,8 +89,18 @@ impl App {
         admin_token_sha256: [u8; 32],
         metrics: PrometheusHandle,
         plugins: Arc<Runtime>,
+        cluster: Option<Arc<crate::cluster::Cluster>>,
     ) -> App {
         let shutdown = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let sources = crate::source::Sources::new(crate::source::SourceContext {
+            registry: registry.clone(),
+            node_id: config.node_id.clone(),
+            log: cluster.as_ref().map(|c| c.log.clone()),
+            log_kafka: cluster.as_ref().and_then(|c| c.config.kafka.clone()),
+            shutdown: shutdown.clone(),
+            tracker: tracker.clone(),
+        });
         App {
             config,
             registry,
@@ -97,7 +109,8 @@ impl App {
             admin_token_sha256,
             accepting: shutdown.child_token(),
             shutdown,
-            tracker: TaskTracker::new(),
+            tracker,
+            sources,
             plugins,
             ready: AtomicBool::new(false),
             starting: AtomicBool::new(false),
@@ -108,7 +121,7 @@ impl App {
             memory: MemoryGauge::default(),
             memory_blamed: AtomicBool::new(false),
             metrics,
-            cluster: None,
+            cluster,
             turns: Default::default(),
         }
     }
@@ -126,6 +139,7 @@ impl App {
             [0; 32],
             crate::metrics::install(),
             Runtime::new().expect("plugin runtime"),
+            None,
         );
         Arc::new(app)
     }

@@ -6,7 +6,9 @@
 //! the environment; `lib::run` hands every layer the part of [`Config`] it
 //! reads (ARCHITECTURE.md, "Layers"), and no module below it names `Config`.
 
+pub use crate::cluster::ClusterConfig;
 use crate::fanout::queue::SlowConsumer;
+pub use crate::source::ClusterKafka;
 use crate::tenant::TenantLimits;
 
 /// The limit flags' defaults: the tenant layer's (tenant/limits.rs).
@@ -303,29 +305,6 @@ pub struct Config {
 pub struct Drain {
     pub wait: Duration,
     pub spread: Duration,
-}
-
-/// Cluster mode's settings (`--cluster`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterConfig {
-    pub reconcile: Duration,
-    pub log_retention: Duration,
-    /// HTTP publishes go through Kafka topics rather than the registry's log.
-    pub kafka: Option<ClusterKafka>,
-}
-
-/// `--cluster-kafka`: where `http` tenants' publishes are logged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterKafka {
-    pub brokers: String,
-    pub prefix: String,
-}
-
-impl ClusterKafka {
-    /// The topic of one tenant's publishes.
-    pub fn topic(&self, tenant: &str) -> String {
-        format!("{}{tenant}", self.prefix)
-    }
 }
 
 /// A secret given directly, or the first line of `file`.

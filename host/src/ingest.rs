@@ -155,7 +155,9 @@ fn record(tenant: &Tenant, t: &Tally) {
         tracing::warn!(tenant = %tenant.id, not_kept = t.not_kept, limit = tenant.settings().limits.history_total_bytes, "the tenant's histories are full: messages are sent live but not kept (a resume across them gets a gap; logged once a minute)");
     }
     if t.rebased > 0 {
-        tenant.source.lock().health.lock().rebased += t.rebased;
+        tenant
+            .rebased
+            .fetch_add(t.rebased, std::sync::atomic::Ordering::Relaxed);
     }
     for ch in &t.newly_rebased {
         tracing::warn!(tenant = %tenant.id, channel = %ch, "a source position behind the channel's (several Kafka partitions into one channel, or outbox rows committed out of id order) was published at the channel's next seq, which other nodes may number differently");

@@ -225,15 +225,15 @@ pub async fn run(
     };
     let pending = config.max_pending_connections;
     let per_address = config.max_pending_per_address;
-    let mut app = App::new(
+    let app = App::new(
         config,
         registry,
         Capacity::with_limits(max, pending, fd_sockets() / per_session, per_address),
         admin,
         metrics_handle,
         plugins,
+        cluster,
     );
-    app.cluster = cluster;
     let app = Arc::new(app);
     // Every tenant and its source, as the registry has them; plugins are
     // loaded once the server listens (`load_deferred`).
@@ -328,7 +328,7 @@ pub async fn run(
     // Readers finish their batch and store their positions; then every
     // conflation window is closed, so what it held reaches the sessions,
     // which send their queues before they close with 1001.
-    source::stopped_all(&app.tenants.all()).await;
+    source::stopped_all(&app.sources).await;
     for t in app.tenants.all() {
         ingest::flush_final(&t);
         t.sessions

@@ -104,7 +104,7 @@ fn applied(app: &App, rec: &TenantRecord) -> bool {
     let source: SourceConfig = serde_json::from_value(rec.source.clone()).unwrap_or_default();
     *t.settings() == settings
         && t.plugin().map(|p| p.version) == rec.active_plugin
-        && t.source.lock().config == source
+        && app.sources.slot(&t.id).config == source
 }
 
 /// Removes the live tenant: its sessions close with 4000 and its reader
@@ -116,7 +116,7 @@ async fn forget(app: &App, id: &str) -> Change {
     match app.tenants.remove(id) {
         Some(t) => {
             t.shut();
-            source::stopped(&t).await;
+            source::stopped(&app.sources, id, true).await;
             if let Err(e) = app.registry.delete_cursors(id, &app.config.node_id).await {
                 tracing::warn!(tenant = %id, error = %e, "the deleted tenant's positions on this node could not be deleted; a tenant made again under its id may start where it stopped");
             }
@@ -208,9 +208,9 @@ async fn apply(app: &Arc<App>, rec: &TenantRecord) -> (Change, Option<Arc<Tenant
         app.tenants.insert(tenant.clone());
         tracing::info!(tenant = %rec.id, "tenant loaded");
     }
-    let running = tenant.source.lock().config.clone();
+    let running = app.sources.slot(&tenant.id).config.clone();
     if change == Change::Created || running != source {
-        source::start(app, &tenant, source, rec.created_at_ms).await;
+        source::start(&app.sources, &tenant, source, rec.created_at_ms).await;
         change = change.max_with(Change::Updated);
     }
     (change, Some(tenant))

@@ -324,10 +324,10 @@ pub(super) async fn rotate_key(
     Ok(Json(json!({ "id": id, "publish_key": key })))
 }
 
-fn source_view(t: &Tenant) -> Value {
-    let slot = t.source.lock();
-    let health = serde_json::to_value(&*slot.health.lock()).unwrap_or(Value::Null);
-    json!({ "source": slot.config.redacted(), "health": health })
+fn source_view(app: &App, t: &Tenant) -> Value {
+    let (config, health) = app.sources.view(t);
+    let health = serde_json::to_value(&health).unwrap_or(Value::Null);
+    json!({ "source": config.redacted(), "health": health })
 }
 
 #[utoipa::path(get, path = "/admin/v1/tenants/{tenant}/source", tag = "tenants", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
@@ -337,7 +337,7 @@ pub(super) async fn show_source(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let t = super::live_tenant(&app, &id)?;
-    Ok(Json(source_view(&t)))
+    Ok(Json(source_view(&app, &t)))
 }
 
 /// Checks the new source (reachable, table shape), stores it, then swaps the
@@ -396,6 +396,6 @@ pub(super) async fn set_source(
         .await?;
     let (_, t) = reconcile::tenant(&app, &id).await?;
     let t = t.ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))?;
-    tracing::info!(tenant = %id, kind = t.source.lock().config.kind(), "source changed");
-    Ok(Json(source_view(&t)))
+    tracing::info!(tenant = %id, kind = app.sources.slot(&id).config.kind(), "source changed");
+    Ok(Json(source_view(&app, &t)))
 }

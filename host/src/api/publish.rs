@@ -6,15 +6,15 @@
 use super::{bearer, ApiError};
 use crate::app::App;
 use crate::clock::now_ms;
-use crate::cluster::{log, Cluster};
 use crate::fanout::deliver::Fate;
 use crate::fanout::position::MESSAGES_PER_RECORD;
 use crate::ingest;
 use crate::plugin::batch::SourceRecord;
 use crate::plugin::PluginError;
 use crate::proto;
+use crate::registry::log::Publication;
+use crate::registry::log::{self, SharedLog};
 use crate::source::kafka::produce::{ProduceError, Publisher};
-use crate::source::Outgoing;
 use crate::tenant::Tenant;
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
@@ -274,10 +274,7 @@ pub(crate) async fn publish_body(
     // Positions come from one source per tenant: a publish beside an outbox
     // would move channels ahead of rows still to come; into Kafka it goes
     // through the topic.
-    let (source, kafka) = {
-        let slot = tenant.source.lock();
-        (slot.config.kind(), slot.publisher.clone())
-    };
+    let (source, kafka) = app.sources.publish_route(&tenant.id);
     if source != "http" && kafka.is_none() {
         tenant.metrics.publish_rejected("source_not_http");
         return Err(ApiError::SourceNotHttp(tenant.id.to_string(), source));
@@ -298,12 +295,12 @@ pub(crate) async fn publish_body(
         return produced(app, &kafka, tenant, &items, batch, key).await;
     }
     if let Some(cluster) = &app.cluster {
-        return logged(cluster, tenant, &items, batch, key).await;
+        return logged(&cluster.log, tenant, &items, batch, key).await;
     }
     let now = now_ms() as u64;
     // The publisher is heard: a source stalled by its silence is live
     // again, told before the message it brings.
-    crate::source::http_published(tenant, items.len());
+    crate::source::http_published(&app.sources, tenant, items.len());
     let run = {
         let tenant = tenant.clone();
         move || {
@@ -487,13 +484,14 @@ async fn produced_once(
 /// committed there; every node (this one too) delivers it from the log at
 /// its row id.
 async fn logged(
-    cluster: &Cluster,
+    log: &SharedLog,
     tenant: &Tenant,
     items: &[PublishItem],
     batch: bool,
     key: Option<&str>,
 ) -> Result<Response, ApiError> {
-    let ids = log::append(cluster, &tenant.id, &outgoing(items), key)
+    let ids = log
+        .append(&tenant.id, &outgoing(items), key)
         .await
         .map_err(|e| match e {
             log::AppendError::KeyReused(_) => ApiError::Conflict(e.to_string()),
@@ -508,10 +506,10 @@ async fn logged(
     Ok(answer(positioned(tenant, items, placed), batch))
 }
 
-fn outgoing(items: &[PublishItem]) -> Vec<Outgoing<'_>> {
+fn outgoing(items: &[PublishItem]) -> Vec<Publication<'_>> {
     items
         .iter()
-        .map(|i| Outgoing {
+        .map(|i| Publication {
             channel: i.ch.as_deref(),
             key: i.key.as_deref(),
             payload: i.data.get().as_bytes(),

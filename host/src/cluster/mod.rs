@@ -12,12 +12,10 @@
 //! unreachable the node serves what it has. Never: decides anything the
 //! registry has not recorded.
 
-pub mod log;
-
 use crate::app::App;
 use crate::clock::now_ms;
-use crate::config::ClusterConfig;
 use crate::reconcile;
+use crate::registry::log::SharedLog;
 use crate::registry::NodeRecord;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::PgPool;
@@ -28,16 +26,25 @@ use std::time::Duration;
 
 /// Tenant ids whose row (or plugins) changed; sent by the registry's triggers.
 pub const REGISTRY_CHANNEL: &str = "herald_registry";
-/// Tenant ids with new rows in the publish log; sent by the publishing node.
-pub const PUBLISH_CHANNEL: &str = "herald_publish";
+pub use crate::registry::log::PUBLISH_CHANNEL;
 /// How often a node records itself in the cluster view.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
-const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// Cluster mode's settings (`--cluster`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    pub reconcile: Duration,
+    pub log_retention: Duration,
+    /// HTTP publishes go through Kafka topics rather than the registry's log.
+    pub kafka: Option<crate::source::ClusterKafka>,
+}
 
 /// What every part of cluster mode shares.
 pub struct Cluster {
     /// The registry database: the publish log is written and read here.
     pub pool: PgPool,
+    /// The shared publish log, on the same pool.
+    pub log: Arc<SharedLog>,
     pub config: ClusterConfig,
     up: AtomicBool,
     /// When the registry was last found unreachable (0: it is not).
@@ -55,8 +62,13 @@ impl Cluster {
             .connect_with(options)
             .await?;
         metrics_up(true);
+        let log = Arc::new(SharedLog {
+            pool: pool.clone(),
+            retention: config.log_retention,
+        });
         Ok(Arc::new(Cluster {
             pool,
+            log,
             config,
             up: AtomicBool::new(true),
             down_since_ms: AtomicU64::new(0),
@@ -95,7 +107,7 @@ pub fn spawn(app: &Arc<App>, tasks: &tokio_util::task::TaskTracker, address: Str
     tasks.spawn(heartbeat(app.clone(), address));
     if let Some(cluster) = app.cluster.clone() {
         tasks.spawn(watch(app.clone(), cluster.clone()));
-        tasks.spawn(log::prune(app.clone(), cluster));
+        tasks.spawn(prune(app.clone(), cluster));
     }
 }
 
@@ -231,5 +243,17 @@ async fn heartbeat(app: Arc<App>, address: String) {
         if let Err(e) = app.registry.put_node(&node).await {
             tracing::debug!(error = %e, "heartbeat not recorded");
         }
+    }
+}
+
+/// Prunes the shared publish log on its schedule until shutdown.
+async fn prune(app: Arc<App>, cluster: Arc<Cluster>) {
+    let mut tick = tokio::time::interval(cluster.log.prune_every());
+    loop {
+        tokio::select! {
+            _ = app.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        cluster.log.prune().await;
     }
 }

@@ -19,8 +19,8 @@
 //! — shows as stalled within two seconds, and as live once they answer
 //! again and the reader keeps up.
 
+use super::SourceContext;
 use super::{set_state, Health, SourceConfig, SourceState};
-use crate::app::App;
 use crate::clock::now_ms;
 use crate::fanout::position::SourcePos;
 use crate::ingest;
@@ -155,7 +155,7 @@ impl ClientContext for Ctx {
 impl ConsumerContext for Ctx {}
 
 pub struct Reader {
-    app: Arc<App>,
+    ctx: Arc<SourceContext>,
     tenant: Arc<Tenant>,
     brokers: String,
     topics: Vec<String>,
@@ -209,7 +209,7 @@ struct Owned {
 
 impl Reader {
     pub fn new(
-        app: Arc<App>,
+        ctx: Arc<SourceContext>,
         tenant: Arc<Tenant>,
         config: SourceConfig,
         health: Arc<Mutex<Health>>,
@@ -227,7 +227,7 @@ impl Reader {
             unreachable!("the kafka reader is only built for kafka sources")
         };
         Reader {
-            app,
+            ctx,
             tenant,
             brokers,
             topics,
@@ -295,7 +295,7 @@ impl Reader {
         // Checked on every start, not only when the source was set: a source
         // stored by an older Herald stalls with the reason, unstarted.
         self.options.check()?;
-        let group = format!("herald-{}-{}", self.tenant.id, self.app.config.node_id);
+        let group = format!("herald-{}-{}", self.tenant.id, self.ctx.node_id);
         let ctx = Ctx {
             tenant: self.tenant.clone(),
             health: self.health.clone(),
@@ -326,9 +326,9 @@ impl Reader {
         };
         for k in keys {
             stored = self
-                .app
+                .ctx
                 .registry
-                .cursor(&self.tenant.id, &self.app.config.node_id, &k)
+                .cursor(&self.tenant.id, &self.ctx.node_id, &k)
                 .await
                 .map_err(|e| e.to_string())?
                 .and_then(|s| serde_json::from_str::<BTreeMap<String, i64>>(&s).ok())
@@ -509,11 +509,11 @@ impl Reader {
     }
 
     async fn save(&self, encoded: &str) -> Result<(), String> {
-        self.app
+        self.ctx
             .registry
             .put_cursor(
                 &self.tenant.id,
-                &self.app.config.node_id,
+                &self.ctx.node_id,
                 &self.source_key(),
                 encoded,
             )

@@ -15,23 +15,55 @@ pub use redact::redact_url;
 pub mod kafka;
 pub mod outbox;
 
-use crate::app::App;
 use crate::clock::now_ms;
 use crate::proto;
+use crate::registry::log::SharedLog;
+use crate::registry::Registry;
 use crate::tenant::Tenant;
-use parking_lot::Mutex;
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-/// One message an HTTP publish hands to the place every node reads it from
-/// (cluster mode's log, a Kafka topic).
-pub struct Outgoing<'a> {
-    /// `None` when the tenant's transform picks the channel.
-    pub channel: Option<&'a str>,
-    pub key: Option<&'a str>,
-    pub payload: &'a [u8],
+/// What a reader needs of the node it runs on, and nothing else: where its
+/// positions are stored (the registry's cursors), the node's name (part of
+/// every cursor's key), cluster mode's shared log, and the node's stop token
+/// and task tracker (every reader is a child of them).
+pub struct SourceContext {
+    pub registry: Registry,
+    pub node_id: String,
+    /// Cluster mode: `http` tenants read the shared publish log.
+    pub log: Option<Arc<SharedLog>>,
+    /// Cluster mode with `--cluster-kafka`: `http` tenants' publish topics.
+    pub log_kafka: Option<ClusterKafka>,
+    pub shutdown: CancellationToken,
+    pub tracker: TaskTracker,
+}
+
+/// Every tenant's running source, keyed by tenant id: a tenant deleted and
+/// made again under the same id finds the slot (and the turn) of the one
+/// before, so its new reader starts only after the old one has ended.
+pub struct Sources {
+    pub ctx: Arc<SourceContext>,
+    slots: Mutex<HashMap<Box<str>, SourceSlot>>,
+}
+
+/// `--cluster-kafka`: where `http` tenants' publishes are logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterKafka {
+    pub brokers: String,
+    pub prefix: String,
+}
+
+impl ClusterKafka {
+    /// The topic of one tenant's publishes.
+    pub fn topic(&self, tenant: &str) -> String {
+        format!("{}{tenant}", self.prefix)
+    }
 }
 
 /// What a tenant reads from, as set by `PUT /admin/v1/tenants/{t}/source`.
@@ -219,6 +251,10 @@ pub struct Health {
     /// source position was behind it (ARCHITECTURE.md, "Positions"): several
     /// Kafka partitions into one channel, or outbox rows out of id order.
     pub rebased: u64,
+    /// The tenant's rebased count when this source started (`rebased` is
+    /// counted by ingest on the tenant; this source's share is the rest).
+    #[serde(skip)]
+    rebased_from: u64,
     /// Outbox: rows already committed that wait behind a transaction still
     /// open (part of `lag`; delivered, in order, once it ends).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -248,9 +284,45 @@ impl Health {
             errors: 0,
             last_error: None,
             rebased: 0,
+            rebased_from: 0,
             held_back: None,
             oldest_open_xact_ms: None,
         }
+    }
+}
+
+impl Sources {
+    pub fn new(ctx: SourceContext) -> Sources {
+        Sources {
+            ctx: Arc::new(ctx),
+            slots: Mutex::default(),
+        }
+    }
+
+    /// The tenant's slot (an empty `http` one until a source starts).
+    pub fn slot(&self, tenant: &str) -> MappedMutexGuard<'_, SourceSlot> {
+        MutexGuard::map(self.slots.lock(), |m| m.entry(tenant.into()).or_default())
+    }
+
+    /// The source's configuration and health as the API shows them.
+    pub fn view(&self, tenant: &Tenant) -> (SourceConfig, Health) {
+        let slot = self.slot(&tenant.id);
+        let mut health = slot.health.lock().clone();
+        health.rebased = tenant.rebased.load(Ordering::Relaxed) - health.rebased_from;
+        (slot.config.clone(), health)
+    }
+
+    /// The source's kind and, for Kafka, the publisher HTTP publishes go through.
+    pub fn publish_route(
+        &self,
+        tenant: &str,
+    ) -> (&'static str, Option<Arc<kafka::produce::Publisher>>) {
+        let slot = self.slot(tenant);
+        (slot.config.kind(), slot.publisher.clone())
+    }
+
+    fn health(&self, tenant: &str) -> Option<Arc<Mutex<Health>>> {
+        self.slots.lock().get(tenant).map(|s| s.health.clone())
     }
 }
 
@@ -362,8 +434,10 @@ async fn watch_silence(
 
 /// The publish path of an HTTP source on a node of its own: records what
 /// arrived, and a source stalled by silence is live again.
-pub fn http_published(tenant: &Tenant, records: usize) {
-    let health = tenant.source.lock().health.clone();
+pub fn http_published(sources: &Sources, tenant: &Tenant, records: usize) {
+    let Some(health) = sources.health(&tenant.id) else {
+        return;
+    };
     let stalled = {
         let mut h = health.lock();
         h.last_record_ms = Some(now_ms() as u64);
@@ -405,13 +479,20 @@ pub(crate) async fn keep_reading<E, F>(
     }
 }
 
-/// Starts the tenant's source task on the app's tracker, after the one before
-/// has ended: never two readers for one tenant, even when changes race.
-pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig, created_at_ms: i64) {
-    let turn = tenant.source.lock().turn.clone();
+/// Starts the tenant's source task on the node's tracker, after the one
+/// before (of this tenant id, even of a tenant deleted since) has ended:
+/// never two readers for one tenant id, even when changes race.
+pub async fn start(
+    sources: &Sources,
+    tenant: &Arc<Tenant>,
+    config: SourceConfig,
+    created_at_ms: i64,
+) {
+    let ctx = &sources.ctx;
+    let turn = sources.slot(&tenant.id).turn.clone();
     let _turn = turn.lock().await;
     let previous = {
-        let mut slot = tenant.source.lock();
+        let mut slot = sources.slot(&tenant.id);
         slot.stop.cancel();
         slot.done.take()
     };
@@ -420,15 +501,12 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig, c
     }
     // What the reader reads: the tenant's source, or in cluster mode with
     // `--cluster-kafka` an `http` tenant's own publish topic.
-    let log_topic = match (
-        &config,
-        app.cluster.as_ref().and_then(|c| c.config.kafka.as_ref()),
-    ) {
+    let log_topic = match (&config, ctx.log_kafka.as_ref()) {
         (SourceConfig::Http { .. }, Some(k)) => Some(SourceConfig::Kafka {
             brokers: k.brokers.clone(),
             topics: vec![k.topic(&tenant.id)],
             // A node new to the tenant: the last seconds, as for the
-            // registry's log (cluster/log.rs).
+            // registry's log (registry/log.rs).
             start: kafka::KafkaStart::Timestamp((now_ms() as u64).saturating_sub(10_000)),
             channel_from: None,
             options: Default::default(),
@@ -437,7 +515,8 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig, c
         _ => None,
     };
     let reads = log_topic.as_ref().unwrap_or(&config);
-    let seed = reads.epoch_seed(&tenant.id, created_at_ms, app.cluster.is_some());
+    let cluster = ctx.log.is_some() || ctx.log_kafka.is_some();
+    let seed = reads.epoch_seed(&tenant.id, created_at_ms, cluster);
     if tenant.hub.seed() != seed {
         // Another position space. What the old source's window holds goes
         // out at its own positions first; then every channel starts over in
@@ -447,20 +526,22 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig, c
         crate::ingest::flush(tenant);
         tenant.hub.new_source(seed);
     }
-    let health = Arc::new(Mutex::new(Health::new(config.kind())));
-    let stop = app.shutdown.child_token();
+    let mut health = Health::new(config.kind());
+    health.rebased_from = tenant.rebased.load(Ordering::Relaxed);
+    let health = Arc::new(Mutex::new(health));
+    let stop = ctx.shutdown.child_token();
     let done = match reads {
-        SourceConfig::Http { .. } => match &app.cluster {
+        SourceConfig::Http { .. } => match &ctx.log {
             // Cluster mode: publishes reach every node through the log.
-            Some(cluster) => {
+            Some(log) => {
                 let reader = outbox::Reader::for_log(
-                    app.clone(),
+                    ctx.clone(),
                     tenant.clone(),
-                    cluster.clone(),
+                    log.clone(),
                     health.clone(),
                     stop.clone(),
                 );
-                Some(app.tracker.spawn(reader.run()))
+                Some(ctx.tracker.spawn(reader.run()))
             }
             None => {
                 tenant.metrics.source_up.set(1.0);
@@ -469,19 +550,19 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig, c
         },
         SourceConfig::PostgresOutbox { .. } => {
             let reader = outbox::Reader::new(
-                app.clone(),
+                ctx.clone(),
                 tenant.clone(),
                 config.clone(),
                 health.clone(),
                 stop.clone(),
             );
-            Some(app.tracker.spawn(reader.run()))
+            Some(ctx.tracker.spawn(reader.run()))
         }
         SourceConfig::Kafka {
             brokers, topics, ..
         } => {
             let reader = kafka::Reader::new(
-                app.clone(),
+                ctx.clone(),
                 tenant.clone(),
                 reads.clone(),
                 health.clone(),
@@ -490,7 +571,7 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig, c
             let create = log_topic
                 .is_some()
                 .then(|| (brokers.clone(), topics[0].clone()));
-            Some(app.tracker.spawn(async move {
+            Some(ctx.tracker.spawn(async move {
                 if let Some((brokers, topic)) = create {
                     kafka::ensure_topic(&brokers, &topic).await;
                 }
@@ -502,17 +583,17 @@ pub async fn start(app: &Arc<App>, tenant: &Arc<Tenant>, config: SourceConfig, c
         SourceConfig::Http {
             stall_after_ms: Some(ms),
         },
-        None,
-    ) = (reads, &app.cluster)
+        false,
+    ) = (reads, cluster)
     {
-        app.tracker.spawn(watch_silence(
+        ctx.tracker.spawn(watch_silence(
             tenant.clone(),
             health.clone(),
             Duration::from_millis(*ms),
             stop.clone(),
         ));
     }
-    let mut slot = tenant.source.lock();
+    let mut slot = sources.slot(&tenant.id);
     // A session connected while the old source was stalled must not keep
     // believing it: the new source starts fresh.
     let was_stalled = slot.health.lock().state == SourceState::Stalled;
@@ -560,28 +641,35 @@ async fn finish(tenant: &str, mut task: tokio::task::JoinHandle<()>) {
 
 /// Stops the tenant's source and waits for the reader to end (shutdown,
 /// deletion): it finishes its batch and stores its positions, or is aborted
-/// after [`STOP_GRACE`].
-pub async fn stopped(tenant: &Tenant) {
+/// after [`STOP_GRACE`]. `forget` (deletion) then drops the slot, still
+/// under its turn, so that no reader of the id can be starting meanwhile.
+pub async fn stopped(sources: &Sources, tenant: &str, forget: bool) {
+    let turn = sources.slot(tenant).turn.clone();
+    let _turn = turn.lock().await;
     let task = {
-        let mut slot = tenant.source.lock();
+        let mut slot = sources.slot(tenant);
         slot.stop.cancel();
         slot.done.take()
     };
     if let Some(task) = task {
-        finish(&tenant.id, task).await;
+        finish(tenant, task).await;
+    }
+    if forget {
+        sources.slots.lock().remove(tenant);
     }
 }
 
 /// Stops every tenant's reader at once: all of them get the same
 /// [`STOP_GRACE`], so a shutdown waits for the slowest one, not their sum.
-pub async fn stopped_all(tenants: &[Arc<Tenant>]) {
-    futures_util::future::join_all(tenants.iter().map(|t| stopped(t))).await;
+pub async fn stopped_all(sources: &Sources) {
+    let ids: Vec<Box<str>> = sources.slots.lock().keys().cloned().collect();
+    futures_util::future::join_all(ids.iter().map(|id| stopped(sources, id, false))).await;
 }
 
 /// The `status` frame a new session gets when the source is not live.
-pub fn status_for_new_session(tenant: &Tenant) -> Option<String> {
-    let slot = tenant.source.lock();
-    let h = slot.health.lock();
+pub fn status_for_new_session(sources: &Sources, tenant: &Tenant) -> Option<String> {
+    let health = sources.health(&tenant.id)?;
+    let h = health.lock();
     (h.state == SourceState::Stalled).then(|| status_json(&h))
 }
 

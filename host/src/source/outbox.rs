@@ -33,8 +33,8 @@ mod stored;
 use shape::add_xid;
 pub use shape::{check, quoted_table};
 
+use super::SourceContext;
 use super::{set_state, Health, SourceConfig, SourceState};
-use crate::app::App;
 use crate::clock::now_ms;
 use crate::fanout::position::SourcePos;
 use crate::ingest;
@@ -152,7 +152,7 @@ enum Origin {
     Outbox { url: String },
     /// Cluster mode: the tenant's rows of the shared publish log in the
     /// registry database, woken by the registry watch.
-    Log(Arc<crate::cluster::Cluster>),
+    Log(Arc<crate::registry::log::SharedLog>),
 }
 
 /// A pool of the reader's own (closed when dropped) or the cluster's.
@@ -201,7 +201,7 @@ const LOG_POLL: Duration = Duration::from_secs(30);
 const LOG_CATCH_UP: Duration = Duration::from_secs(10);
 
 pub struct Reader {
-    app: Arc<App>,
+    ctx: Arc<SourceContext>,
     tenant: Arc<Tenant>,
     origin: Origin,
     table: String,
@@ -215,7 +215,7 @@ pub struct Reader {
 
 impl Reader {
     pub fn new(
-        app: Arc<App>,
+        ctx: Arc<SourceContext>,
         tenant: Arc<Tenant>,
         config: SourceConfig,
         health: Arc<Mutex<Health>>,
@@ -232,7 +232,7 @@ impl Reader {
             unreachable!("the outbox reader is only built for postgres_outbox sources")
         };
         Reader {
-            app,
+            ctx,
             tenant,
             origin: Origin::Outbox { url: database_url },
             table,
@@ -246,17 +246,17 @@ impl Reader {
 
     /// The reader of the tenant's rows in the cluster's publish log.
     pub fn for_log(
-        app: Arc<App>,
+        ctx: Arc<SourceContext>,
         tenant: Arc<Tenant>,
-        cluster: Arc<crate::cluster::Cluster>,
+        log: Arc<crate::registry::log::SharedLog>,
         health: Arc<Mutex<Health>>,
         stop: CancellationToken,
     ) -> Reader {
         Reader {
-            app,
+            ctx,
             tenant,
-            origin: Origin::Log(cluster),
-            table: crate::cluster::log::TABLE.to_string(),
+            origin: Origin::Log(log),
+            table: crate::registry::log::TABLE.to_string(),
             batch: 1000,
             poll: LOG_POLL,
             generation: 0,
@@ -296,9 +296,9 @@ impl Reader {
                 Sql::new(&quoted, None),
                 Conn::Own(Db(self.or_stop(connect(url)).await?)),
             ),
-            Origin::Log(cluster) => (
+            Origin::Log(log) => (
                 Sql::new(&quoted, Some(&self.tenant.id)),
-                Conn::Shared(cluster.pool.clone()),
+                Conn::Shared(log.pool.clone()),
             ),
         };
         let pool = conn.pool();
@@ -350,8 +350,7 @@ impl Reader {
         if cursor.legacy.is_none() {
             self.tenant.hub.read_after(cursor.last_read());
         }
-        self.past_pruned(pool, &mut cursor, &key, &mut Vec::new())
-            .await?;
+        self.past_pruned(&mut cursor, &key, &mut Vec::new()).await?;
         let mut last_progress = Instant::now();
         let mut held_since: Option<Instant> = None;
         let mut recheck = HOLD_RECHECK;
@@ -377,7 +376,7 @@ impl Reader {
             let read = rows.len();
             let mut rows = rows;
             if read > 0 {
-                self.past_pruned(pool, &mut cursor, &key, &mut rows).await?;
+                self.past_pruned(&mut cursor, &key, &mut rows).await?;
             }
             if !rows.is_empty() {
                 cursor = self.deliver(rows, cursor, &key).await?;

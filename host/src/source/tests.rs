@@ -83,15 +83,24 @@ fn a_generation_names_another_position_space() {
 /// does not answer) cost a shutdown one grace, not one per tenant.
 #[tokio::test]
 async fn every_reader_stops_under_one_deadline() {
-    let tenants: Vec<Arc<Tenant>> = (0..3)
-        .map(|i| crate::tenant::tests::public_tenant(&format!("stuck-{i}")))
-        .collect();
-    for t in &tenants {
+    let dir = tempfile::tempdir().unwrap();
+    let sources = Sources::new(SourceContext {
+        registry: crate::registry::Registry::open(None, dir.path())
+            .await
+            .unwrap(),
+        node_id: "n".into(),
+        log: None,
+        log_kafka: None,
+        shutdown: CancellationToken::new(),
+        tracker: TaskTracker::new(),
+    });
+    for i in 0..3 {
         // Ignores its stop token.
-        t.source.lock().done = Some(tokio::spawn(tokio::time::sleep(Duration::from_secs(30))));
+        sources.slot(&format!("stuck-{i}")).done =
+            Some(tokio::spawn(tokio::time::sleep(Duration::from_secs(30))));
     }
     let started = std::time::Instant::now();
-    stopped_all(&tenants).await;
+    stopped_all(&sources).await;
     let took = started.elapsed();
     assert!(
         took < STOP_GRACE + Duration::from_secs(1),

@@ -93,8 +93,9 @@ pub struct Tenant {
     pub conflator: Mutex<Conflator>,
     /// When the conflation window last closed.
     pub last_flush: Mutex<Instant>,
-    /// The running ingest source and its health.
-    pub source: Mutex<crate::source::SourceSlot>,
+    /// Messages ingest published at the channel's next position because
+    /// their source position was behind it (a source's health shows its share).
+    pub rebased: std::sync::atomic::AtomicU64,
     /// Cluster mode: rung when the registry announces new rows of this
     /// tenant in the shared publish log (its reader waits on it).
     pub log_written: tokio::sync::Notify,
@@ -131,7 +132,7 @@ impl Tenant {
                 window_bytes,
             )),
             last_flush: Mutex::new(Instant::now()),
-            source: Mutex::new(crate::source::SourceSlot::default()),
+            rebased: Default::default(),
             log_written: tokio::sync::Notify::new(),
             over_share: AtomicBool::new(false),
             history_full_logged: Default::default(),

@@ -111,7 +111,7 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
     // Shutdown, deletion and access changes close the session through its
     // handle: no waiter of its own, no lock per frame.
     let registration = tenant.sessions.register(&handle);
-    if let Some(status) = crate::source::status_for_new_session(&tenant) {
+    if let Some(status) = crate::source::status_for_new_session(&app.sources, &tenant) {
         handle.deliver_ctrl("status", &status);
     }
     let heartbeat = app.config.heartbeat;

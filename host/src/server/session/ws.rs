@@ -96,6 +96,7 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
         app.config.head_timeout,
         remote,
         origin,
+        &app.sources,
     );
     let end = match s.read_early().await {
         Ok(()) => s.serve(&stream, app.config.heartbeat).await,
@@ -131,6 +132,7 @@ impl WsSession {
         frame_deadline: Duration,
         remote: Option<std::net::SocketAddr>,
         origin: Option<Box<str>>,
+        sources: &crate::source::Sources,
     ) -> WsSession {
         let settings = tenant.settings();
         let ops_burst = settings.limits.client_ops_burst;
@@ -159,7 +161,7 @@ impl WsSession {
         // Shutdown, deletion and access changes close the session through its
         // handle: no waiter of its own, no lock per frame.
         let registration = tenant.sessions.register(&handle);
-        if let Some(status) = crate::source::status_for_new_session(&tenant) {
+        if let Some(status) = crate::source::status_for_new_session(sources, &tenant) {
             handle.deliver_ctrl("status", &status);
         }
         WsSession {

@@ -14,7 +14,7 @@
 //! conflation keys. Never: delivers anything itself.
 
 use super::{client_error, options::KafkaOptions, ChannelFrom, TUNING};
-use crate::source::Outgoing;
+use crate::registry::log::Publication;
 use parking_lot::Mutex;
 use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -139,7 +139,7 @@ impl Publisher {
     }
 
     /// The topic an item goes to, and whether this source can carry it.
-    fn topic_of(&self, item: &Outgoing<'_>) -> Result<usize, ProduceError> {
+    fn topic_of(&self, item: &Publication<'_>) -> Result<usize, ProduceError> {
         match &self.channel_from {
             ChannelFrom::Topic if item.channel.is_none() && self.topics.len() == 1 => Ok(0),
             ChannelFrom::Topic => self
@@ -161,12 +161,12 @@ impl Publisher {
     }
 
     /// Checks every item before anything is produced.
-    pub fn check(&self, items: &[Outgoing<'_>]) -> Result<(), ProduceError> {
+    pub fn check(&self, items: &[Publication<'_>]) -> Result<(), ProduceError> {
         items.iter().try_for_each(|i| self.topic_of(i).map(drop))
     }
 
     /// Produces every item and waits for the brokers; the positions in order.
-    pub async fn publish(&self, items: &[Outgoing<'_>]) -> Result<Vec<Written>, ProduceError> {
+    pub async fn publish(&self, items: &[Publication<'_>]) -> Result<Vec<Written>, ProduceError> {
         let all: Vec<usize> = (0..items.len()).collect();
         let each = self.produce(items, &all).await?;
         let failed: Vec<String> = each
@@ -190,7 +190,7 @@ impl Publisher {
     /// order, where it was stored or why it was not acknowledged.
     pub async fn produce(
         &self,
-        items: &[Outgoing<'_>],
+        items: &[Publication<'_>],
         which: &[usize],
     ) -> Result<Vec<Result<Written, String>>, ProduceError> {
         self.check(items)?;

@@ -21,20 +21,15 @@ impl Reader {
     /// and what `rows` holds up to the mark is dropped with them.
     pub(super) async fn past_pruned(
         &self,
-        pool: &PgPool,
         cursor: &mut Cursor,
         key: &str,
         rows: &mut Vec<OutboxRow>,
     ) -> Result<(), OutboxError> {
-        if !matches!(self.origin, Origin::Log(_)) {
+        let Origin::Log(log) = &self.origin else {
             return Ok(());
-        }
+        };
         let mark = self
-            .or_stop(async {
-                crate::cluster::log::pruned(pool, &self.tenant.id)
-                    .await
-                    .map_err(query_err)
-            })
+            .or_stop(async { log.pruned(&self.tenant.id).await.map_err(query_err) })
             .await?;
         let Some((xid, id, max_id)) = mark else {
             return Ok(());
@@ -76,11 +71,11 @@ impl Reader {
         key: &str,
     ) -> Result<(Cursor, bool), OutboxError> {
         let registry_err = |e| OutboxError::Query(format!("reading the cursor: {e}"));
-        let (tenant, node) = (&self.tenant.id, &self.app.config.node_id);
+        let (tenant, node) = (&self.tenant.id, &self.ctx.node_id);
         let old_key = format!("outbox:{}", self.table);
         let mut taken_over = false;
         let mut stored = self
-            .app
+            .ctx
             .registry
             .cursor(tenant, node, key)
             .await
@@ -89,7 +84,7 @@ impl Reader {
             .and_then(Cursor::parse);
         if stored.is_none() && self.generation == 0 {
             stored = self
-                .app
+                .ctx
                 .registry
                 .cursor(tenant, node, &old_key)
                 .await
@@ -145,7 +140,7 @@ impl Reader {
         };
         self.store_cursor(key, &cursor).await?;
         if taken_over {
-            self.app
+            self.ctx
                 .registry
                 .put_cursor(tenant, node, &old_key, &format!("moved to {key}"))
                 .await
@@ -165,7 +160,7 @@ impl Reader {
         if !matches!(self.origin, Origin::Log(_)) {
             return Ok(None);
         }
-        let created = match self.app.registry.get_tenant(&self.tenant.id).await {
+        let created = match self.ctx.registry.get_tenant(&self.tenant.id).await {
             Ok(t) => t.created_at_ms,
             Err(e) => return Err(OutboxError::Query(format!("reading the tenant: {e}"))),
         };
@@ -193,14 +188,9 @@ impl Reader {
     }
 
     pub(super) async fn store_cursor(&self, key: &str, cursor: &Cursor) -> Result<(), OutboxError> {
-        self.app
+        self.ctx
             .registry
-            .put_cursor(
-                &self.tenant.id,
-                &self.app.config.node_id,
-                key,
-                &cursor.encode(),
-            )
+            .put_cursor(&self.tenant.id, &self.ctx.node_id, key, &cursor.encode())
             .await
             .map_err(|e| OutboxError::Query(format!("storing the cursor: {e}")))
     }
