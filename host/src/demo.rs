@@ -3,7 +3,7 @@
 //! built-in publisher of ticks into the `demo` tenant.
 //!
 //! Invariant: the publisher goes through the one HTTP publish path
-//! (`api::publish::publish_body`): what the page shows is what any
+//! (`publish::publish`): what the page shows is what any
 //! publisher's messages would do.
 
 use crate::app::App;
@@ -79,8 +79,7 @@ pub async fn publish(app: Arc<App>, every: Duration) {
             })
             .collect();
         let body = serde_json::Value::Array(items).to_string();
-        if let Err(e) =
-            crate::api::publish::publish_body(&app, &tenant, body.as_bytes(), None).await
+        if let Err(e) = crate::publish::publish(&app.sources, &tenant, body.as_bytes(), None).await
         {
             tracing::debug!(error = %e, "demo publisher: tick not published");
         }

@@ -56,7 +56,7 @@ pub fn publish_body(input: &[u8]) {
     let Some((&mode, body)) = input.split_first() else {
         return;
     };
-    if let Ok((items, batch)) = crate::api::publish::read_items(body, 4096, mode & 1 == 0) {
+    if let Ok((items, batch)) = crate::publish::read_items(body, 4096, mode & 1 == 0) {
         assert!(!items.is_empty() && (batch || items.len() == 1));
     }
 }

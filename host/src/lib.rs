@@ -24,6 +24,7 @@ mod fuzz;
 #[cfg(any(test, fuzzing))]
 pub mod fuzzing;
 pub mod ingest;
+pub mod publish;
 pub mod reconcile;
 pub mod registry;
 pub mod server;

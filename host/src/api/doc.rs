@@ -292,8 +292,8 @@ pub struct PublishBatch {
 #[allow(dead_code)]
 #[serde(untagged)]
 pub enum PublishBody {
-    One(super::publish::PublishItem),
-    Many(Vec<super::publish::PublishItem>),
+    One(crate::publish::PublishItem),
+    Many(Vec<crate::publish::PublishItem>),
 }
 
 /// A publish answer: one result, or `{"results": […]}` for a batch.

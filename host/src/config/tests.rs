@@ -1,6 +1,5 @@
 //! Unit tests of the serve flags: ranges, secrets by file, defaults.
 use super::*;
-use crate::cli::{Cli, Command};
 use clap::Parser as _;
 
 /// Secrets can come from files (no argv, no environment a
@@ -43,12 +42,15 @@ fn secrets_can_be_given_by_file() {
 }
 
 fn parse(args: &[&str]) -> Result<Config, String> {
-    let mut v = vec!["herald", "serve"];
+    #[derive(clap::Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+    let mut v = vec!["herald"];
     v.extend_from_slice(args);
-    let Command::Serve(a) = Cli::try_parse_from(v).map_err(|e| e.to_string())?.command else {
-        unreachable!("parsed from \"serve\"")
-    };
-    a.to_config()
+    let Serve { args } = Serve::try_parse_from(v).map_err(|e| e.to_string())?;
+    args.to_config()
 }
 
 #[test]
