@@ -8,7 +8,7 @@
 
 pub use crate::cluster::ClusterConfig;
 use crate::fanout::queue::SlowConsumer;
-pub use crate::source::ClusterKafka;
+pub use crate::registry::log::ClusterKafka;
 use crate::tenant::TenantLimits;
 
 /// The limit flags' defaults: the tenant layer's (tenant/limits.rs).
@@ -512,6 +512,18 @@ impl ServeArgs {
 }
 
 impl Config {
+    /// The front door's part.
+    pub fn server_settings(&self) -> crate::server::ServerSettings {
+        crate::server::ServerSettings {
+            head_timeout: self.head_timeout,
+            max_connection_age: self.max_connection_age,
+            heartbeat: self.heartbeat,
+            socket_send_buffer: self.socket_send_buffer,
+            max_pending_connections: self.max_pending_connections,
+            max_pending_per_address: self.max_pending_per_address,
+        }
+    }
+
     /// A configuration for tests and embedding: SQLite in `data_dir`, defaults
     /// as the command line would give them.
     pub fn for_data_dir(data_dir: impl Into<PathBuf>) -> Config {

@@ -6,7 +6,11 @@
 //! (`publish::publish`): what the page shows is what any
 //! publisher's messages would do.
 
-use crate::app::App;
+use crate::clock::now_ms;
+use crate::node::Node;
+use crate::registry::{RegistryError, TenantRecord};
+use crate::secret::{hex, key_digest, new_secret};
+use crate::tenant::Access;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -50,9 +54,37 @@ fn page(kind: &'static str, body: &'static str) -> axum::response::Response {
         .into_response()
 }
 
+/// Creates the public `demo` tenant's row if absent; returns its new
+/// publish key (the caller applies the row: `reconcile::tenant`).
+pub async fn ensure_tenant(node: &Node) -> Result<Option<String>, RegistryError> {
+    if node.tenants.get("demo").is_some() {
+        return Ok(None);
+    }
+    let key = new_secret("pk_");
+    let rec = TenantRecord {
+        id: "demo".into(),
+        access: Access::Public.as_str().into(),
+        config: serde_json::json!({}),
+        limits: serde_json::json!({}),
+        publish_key_sha256: hex(&key_digest(&key)),
+        created_at_ms: now_ms(),
+        updated_at_ms: now_ms(),
+        active_plugin: None,
+        conflation: serde_json::json!({}),
+        // The demo page's badge turns "stalled" when its publisher stops.
+        source: match node.cluster {
+            None => serde_json::json!({"kind": "http", "stall_after_ms": 3000}),
+            Some(_) => serde_json::json!({"kind": "http"}),
+        },
+        allowed_origins: serde_json::Value::Null,
+    };
+    node.registry.create_tenant(&rec).await?;
+    Ok(Some(key))
+}
+
 /// One tick per symbol every `every`, a random walk from 100, until the
 /// server stops.
-pub async fn publish(app: Arc<App>, every: Duration) {
+pub async fn publish(app: Arc<Node>, every: Duration) {
     let mut prices: Vec<f64> = SYMBOLS.iter().map(|_| 100.0).collect();
     let mut i: u64 = 0;
     let mut tick = tokio::time::interval(every);

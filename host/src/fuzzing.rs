@@ -63,9 +63,8 @@ pub fn publish_body(input: &[u8]) {
 
 /// An admin create-tenant body, checked as the live tenant would be.
 pub fn admin_create(input: &[u8]) {
-    static CONFIG: std::sync::OnceLock<crate::config::Config> = std::sync::OnceLock::new();
-    let config = CONFIG.get_or_init(|| crate::config::Config::for_data_dir("/nonexistent"));
-    let _ = crate::api::admin::record_from_create(config, input, "00".repeat(32), 0);
+    let defaults = crate::tenant::TenantLimits::DEFAULT;
+    let _ = crate::api::admin::record_from_create(&defaults, input, "00".repeat(32), 0);
 }
 
 /// A plugin's output batch: `[records, metas]`, then the metas as

@@ -13,7 +13,6 @@ pub use herald_plugin as plugin;
 pub use herald_proto as proto;
 
 pub mod api;
-pub mod app;
 mod cgroup;
 pub mod cli;
 pub mod cluster;
@@ -24,17 +23,20 @@ mod fuzz;
 #[cfg(any(test, fuzzing))]
 pub mod fuzzing;
 pub mod ingest;
+pub mod node;
+pub mod plugin_host;
 pub mod publish;
 pub mod reconcile;
 pub mod registry;
 pub mod server;
 pub mod source;
 pub mod tenant;
+pub mod watch;
 
 use anyhow::Context as _;
-use app::App;
 use clock::now_ms;
 use config::Config;
+use node::{Node, NodeParts};
 use registry::{Backend, Registry};
 use secret::key_digest;
 use std::future::Future;
@@ -57,57 +59,6 @@ const FD_INTERNAL: u64 = 50;
 /// now in force. Call once at process start.
 pub fn raise_nofile_limit() -> std::io::Result<u64> {
     rlimit::increase_nofile_limit(u64::MAX)
-}
-
-/// Loads the plugins the start's reconcile deferred, a few at a time (one
-/// per core: compiling is CPU work), each tenant activated as its load
-/// finishes. A load that fails leaves the tenant `plugin_unavailable`, and
-/// later reconcile passes try again. Dropped (a stop during the loads), the
-/// loads still running are abandoned with their tasks.
-async fn load_deferred(app: &Arc<App>) {
-    let loads = std::mem::take(&mut *app.deferred_loads.lock());
-    if loads.is_empty() {
-        return;
-    }
-    let started = std::time::Instant::now();
-    app.loading_plugins
-        .store(true, std::sync::atomic::Ordering::Release);
-    let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let gate = Arc::new(tokio::sync::Semaphore::new(parallel));
-    let mut tasks = tokio::task::JoinSet::new();
-    for (tenant, version) in loads {
-        let (app, gate) = (app.clone(), gate.clone());
-        tasks.spawn(async move {
-            let _turn = gate.acquire_owned().await;
-            let t0 = std::time::Instant::now();
-            let loaded = app.load_plugin(&tenant, version).await;
-            match loaded {
-                // Unless the registry wants another version by now.
-                Ok(p) if tenant.plugin_unavailable() == Some(version) => {
-                    tenant.activate(Some(p));
-                    tracing::info!(tenant = %tenant.id, version, ms = t0.elapsed().as_millis() as u64, "plugin loaded; the tenant serves");
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::error!(tenant = %tenant.id, version, error = %e, "the active plugin failed to load; the tenant refuses connections and publishes until it loads")
-                }
-            }
-            // Only now: cleared before the activation, a request between
-            // the two would be told `plugin_unavailable` for a plugin that
-            // is about to serve.
-            tenant.set_plugin_loading(false);
-        });
-    }
-    let n = tasks.len();
-    while tasks.join_next().await.is_some() {}
-    app.loading_plugins
-        .store(false, std::sync::atomic::Ordering::Release);
-    app.evict_compiled();
-    tracing::info!(
-        plugins = n,
-        ms = started.elapsed().as_millis() as u64,
-        "plugins of the start loaded"
-    );
 }
 
 /// Binds the listener with an explicit backlog (and SO_REUSEPORT when asked).
@@ -226,27 +177,27 @@ pub async fn run(
     };
     let pending = config.max_pending_connections;
     let per_address = config.max_pending_per_address;
-    let app = App::new(
-        config,
+    let app = Arc::new(Node::new(NodeParts {
+        node_id: config.node_id.clone(),
+        defaults: config.limits.clone(),
+        memory_budget: config.memory_budget_bytes,
         registry,
-        Capacity::with_limits(max, pending, fd_sockets() / per_session, per_address),
-        admin,
-        metrics_handle,
-        plugins,
+        capacity: Capacity::with_limits(max, pending, fd_sockets() / per_session, per_address),
+        runtime: plugins,
         cluster,
-    );
-    let app = Arc::new(app);
+    }));
     // Every tenant and its source, as the registry has them; plugins are
-    // loaded once the server listens (`load_deferred`).
-    app.starting
+    // loaded once the server listens (`PluginHost::load_deferred`).
+    app.plugins
+        .starting
         .store(true, std::sync::atomic::Ordering::Release);
     let reconciled = reconcile::all(&app).await.context("loading tenants");
-    app.starting
+    app.plugins
+        .starting
         .store(false, std::sync::atomic::Ordering::Release);
     reconciled?;
-    if app.config.demo_tenant {
-        if let Some(key) = app
-            .ensure_demo_tenant()
+    if config.demo_tenant {
+        if let Some(key) = demo::ensure_tenant(&app)
             .await
             .context("creating the demo tenant")?
         {
@@ -255,26 +206,36 @@ pub async fn run(
                 .context("loading the demo tenant")?;
             println!("herald: created public tenant \"demo\"; its publish key (shown once): {key}");
         }
-        if let Some(every) = app.config.demo_interval {
+        if let Some(every) = config.demo_interval {
             app.tracker.spawn(demo::publish(app.clone(), every));
         }
     }
     let addr = listener.local_addr()?;
     let loaded = app.tenants.all().len();
-    tracing::info!(%addr, tenants = loaded, connection_capacity = max, node = %app.config.node_id, cluster = app.cluster.is_some(), "herald listening");
+    tracing::info!(%addr, tenants = loaded, connection_capacity = max, node = %app.node_id, cluster = app.cluster.is_some(), "herald listening");
 
     let watchers = tokio_util::task::TaskTracker::new();
-    let advertised = app
-        .config
-        .advertise
-        .clone()
-        .unwrap_or_else(|| addr.to_string());
-    cluster::spawn(&app, &watchers, advertised);
+    let advertised = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+    watch::spawn(&app, &watchers, advertised);
     watchers.spawn(watch_memory(app.clone()));
     watchers.spawn(sweep_channels(app.clone()));
     watchers.spawn(flush_conflation(app.clone()));
 
-    if let Some(admin_addr) = app.config.admin_listen {
+    let api = Arc::new(api::Api {
+        node: app.clone(),
+        settings: api::ApiSettings {
+            admin_token_sha256: admin,
+            metrics_token: config.metrics_token.clone(),
+            metrics: metrics_handle,
+            admin_listen: config.admin_listen.is_some(),
+            demo_tenant: config.demo_tenant,
+        },
+    });
+    let front = Arc::new(server::Server {
+        node: app.clone(),
+        settings: config.server_settings(),
+    });
+    if let Some(admin_addr) = config.admin_listen {
         // The operators' door: its own listener and tasks, outside the
         // client doors' count, so a flood of client sockets cannot keep the
         // admin API from answering. Closed with the rest at shutdown.
@@ -282,20 +243,20 @@ pub async fn run(
             .await
             .with_context(|| format!("--admin-listen {admin_addr}"))?;
         tracing::info!(addr = %admin_addr, "admin API listening");
-        let (router, stop) = (api::admin_router(app.clone()), app.shutdown.clone());
+        let (router, stop) = (api::admin_router(api.clone()), app.shutdown.clone());
         app.tracker.spawn(async move {
             let _ = axum::serve(l, router)
                 .with_graceful_shutdown(async move { stop.cancelled().await })
                 .await;
         });
     }
-    let router = api::router(app.clone());
+    let router = api::router(api);
     let accept = match tls {
         Some(tls) => {
-            let front = server::tls::start(&app, listener, tls).context("starting TLS")?;
-            tokio::spawn(server::accept_tls(app.clone(), front, router))
+            let bridge = server::tls::start(&front, listener, tls).context("starting TLS")?;
+            tokio::spawn(server::accept_tls(front.clone(), bridge, router))
         }
-        None => tokio::spawn(server::accept_loop(app.clone(), listener, router)),
+        None => tokio::spawn(server::accept_loop(front.clone(), listener, router)),
     };
     // Listening: each tenant serves as soon as its plugin is loaded (from
     // the compiled-component cache on disk, or compiled), and says
@@ -303,14 +264,14 @@ pub async fn run(
     // A stop asked for meanwhile is not kept waiting for a compile.
     let mut shutdown = std::pin::pin!(shutdown);
     tokio::select! {
-        _ = load_deferred(&app) => {
+        _ = app.plugins.load_deferred(&app.registry, &app.tenants) => {
             app.set_ready(true);
             shutdown.as_mut().await;
         }
         _ = shutdown.as_mut() => {}
     }
     app.set_ready(false);
-    let drain = app.config.drain;
+    let drain = config.drain;
     if !drain.wait.is_zero() {
         tracing::info!(
             wait_secs = drain.wait.as_secs(),
@@ -336,7 +297,7 @@ pub async fn run(
             .close_all(fanout::session::QueueClose::GoingAway, true);
     }
     app.tracker.close();
-    let grace = app.config.shutdown_grace;
+    let grace = config.shutdown_grace;
     if tokio::time::timeout(grace, app.tracker.wait())
         .await
         .is_err()
@@ -355,7 +316,7 @@ pub async fn run(
 
 /// Closes every session (close 1012) evenly over `spread`, sources still
 /// running, so clients reconnect to other nodes a few at a time and resume.
-async fn close_spread(app: &App, spread: Duration) {
+async fn close_spread(app: &Node, spread: Duration) {
     let sessions: Vec<_> = app
         .tenants
         .all()
@@ -386,8 +347,8 @@ async fn close_spread(app: &App, spread: Duration) {
 
 /// Reads RSS four times a second (a read of /proc/self/status costs
 /// microseconds); admission adds what it admitted since (`MemoryGauge`).
-async fn watch_memory(app: Arc<App>) {
-    if let Some(budget) = app.config.memory_budget_bytes {
+async fn watch_memory(app: Arc<Node>) {
+    if let Some(budget) = app.memory_budget {
         tracing::info!(
             budget_mib = budget >> 20,
             "memory budget: new connections are refused near it (--memory-budget-mib, else nine tenths of the cgroup's limit)"
@@ -404,7 +365,7 @@ async fn watch_memory(app: Arc<App>) {
         };
         metrics::set_rss(rss);
         app.memory.reading(rss);
-        if let Some(budget) = app.config.memory_budget_bytes {
+        if let Some(budget) = app.memory_budget {
             let over = rss >= budget / 100 * 95;
             // Whose memory it is, before saying the process is near the
             // budget: one tenant's burst refuses its own clients only.
@@ -441,7 +402,7 @@ async fn watch_memory(app: Arc<App>) {
     }
 }
 
-async fn sweep_channels(app: Arc<App>) {
+async fn sweep_channels(app: Arc<Node>) {
     let mut tick = tokio::time::interval(Duration::from_secs(10));
     loop {
         tokio::select! {
@@ -457,7 +418,7 @@ async fn sweep_channels(app: Arc<App>) {
 
 /// Closes each tenant's conflation window on time: one timer for all
 /// tenants, which never blocks on one of them.
-async fn flush_conflation(app: Arc<App>) {
+async fn flush_conflation(app: Arc<Node>) {
     let mut tick = tokio::time::interval(Duration::from_millis(5));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

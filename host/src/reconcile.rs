@@ -9,33 +9,11 @@
 //! last applied is the registry's latest; never called under a fan-out lock.
 //! Never writes the registry.
 
-use crate::app::{settings_from_record, App};
+use crate::node::Node;
 use crate::registry::{RegistryError, TenantRecord};
 use crate::source::{self, SourceConfig};
-use crate::tenant::Tenant;
-use parking_lot::Mutex;
-use std::collections::HashMap;
+use crate::tenant::{Tenant, TenantSettings};
 use std::sync::Arc;
-use tokio::sync::OwnedMutexGuard;
-
-/// One change at a time per tenant.
-#[derive(Default)]
-pub struct Turns(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
-
-impl Turns {
-    pub async fn take(&self, id: &str) -> OwnedMutexGuard<()> {
-        let lock = self.0.lock().entry(id.to_string()).or_default().clone();
-        lock.lock_owned().await
-    }
-
-    /// Forgets the turn of a tenant nobody waits for (after deletion).
-    fn release(&self, id: &str) {
-        let mut map = self.0.lock();
-        if map.get(id).is_some_and(|l| Arc::strong_count(l) == 1) {
-            map.remove(id);
-        }
-    }
-}
 
 /// What a change did to the live tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,10 +25,7 @@ pub enum Change {
 }
 
 /// Applies the registry's row of tenant `id` (or its absence) now.
-pub async fn tenant(
-    app: &Arc<App>,
-    id: &str,
-) -> Result<(Change, Option<Arc<Tenant>>), RegistryError> {
+pub async fn tenant(app: &Node, id: &str) -> Result<(Change, Option<Arc<Tenant>>), RegistryError> {
     let _turn = app.turns.take(id).await;
     let change = match app.registry.get_tenant(id).await {
         Ok(rec) => apply(app, &rec).await,
@@ -65,7 +40,7 @@ pub async fn tenant(
 }
 
 /// Compares every live tenant with the registry; returns how many changed.
-pub async fn all(app: &Arc<App>) -> Result<usize, RegistryError> {
+pub async fn all(app: &Node) -> Result<usize, RegistryError> {
     let rows = app.registry.list_tenants().await?;
     let mut changed = 0;
     let listed: std::collections::HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
@@ -94,11 +69,11 @@ pub async fn all(app: &Arc<App>) -> Result<usize, RegistryError> {
 
 /// Whether the live tenant already is `rec` (a row this node cannot use
 /// counts as applied: it was logged when it was read first).
-fn applied(app: &App, rec: &TenantRecord) -> bool {
+fn applied(app: &Node, rec: &TenantRecord) -> bool {
     let Some(t) = app.tenants.get(&rec.id) else {
         return false;
     };
-    let Ok(settings) = settings_from_record(rec, &app.config) else {
+    let Ok(settings) = TenantSettings::from_record(rec, &app.defaults) else {
         return true;
     };
     let source: SourceConfig = serde_json::from_value(rec.source.clone()).unwrap_or_default();
@@ -112,12 +87,12 @@ fn applied(app: &App, rec: &TenantRecord) -> bool {
 /// tenant made again under the same id never has two readers — and then
 /// this node's positions for the id are deleted again: the registry deleted
 /// them with the row, and the reader stores where it got to as it stops.
-async fn forget(app: &App, id: &str) -> Change {
+async fn forget(app: &Node, id: &str) -> Change {
     match app.tenants.remove(id) {
         Some(t) => {
             t.shut();
             source::stopped(&app.sources, id, true).await;
-            if let Err(e) = app.registry.delete_cursors(id, &app.config.node_id).await {
+            if let Err(e) = app.registry.delete_cursors(id, &app.node_id).await {
                 tracing::warn!(tenant = %id, error = %e, "the deleted tenant's positions on this node could not be deleted; a tenant made again under its id may start where it stopped");
             }
             app.evict_compiled();
@@ -130,8 +105,8 @@ async fn forget(app: &App, id: &str) -> Change {
 
 /// Makes the live tenant match `rec`. A row this node cannot use is logged
 /// and leaves the live tenant as it was.
-async fn apply(app: &Arc<App>, rec: &TenantRecord) -> (Change, Option<Arc<Tenant>>) {
-    let settings = match settings_from_record(rec, &app.config) {
+async fn apply(app: &Node, rec: &TenantRecord) -> (Change, Option<Arc<Tenant>>) {
+    let settings = match TenantSettings::from_record(rec, &app.defaults) {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(tenant = %rec.id, error = %e, "tenant in the registry is invalid; not applied");
@@ -166,17 +141,20 @@ async fn apply(app: &Arc<App>, rec: &TenantRecord) -> (Change, Option<Arc<Tenant
         }
     }
     let live = tenant.plugin().map(|p| p.version);
-    let starting = app.starting.load(std::sync::atomic::Ordering::Acquire);
+    let starting = app
+        .plugins
+        .starting
+        .load(std::sync::atomic::Ordering::Acquire);
     if tenant.plugin_loading() {
         // A background load of the start is running: it activates (or
         // fails) on its own; the next pass after it settles the rest.
         tenant.set_wanted_plugin(rec.active_plugin);
     } else if let (true, true, Some(v)) = (starting, live.is_none(), rec.active_plugin) {
         // At start the server listens first: the tenant says
-        // `plugin_loading` until `lib::load_deferred` has loaded it.
+        // `plugin_loading` until `PluginHost::load_deferred` has loaded it.
         tenant.set_wanted_plugin(Some(v));
         tenant.set_plugin_loading(true);
-        app.deferred_loads.lock().push((tenant.clone(), v));
+        app.plugins.deferred.lock().push((tenant.clone(), v));
     } else if live != rec.active_plugin || (reload && live.is_some()) {
         match rec.active_plugin {
             None => {

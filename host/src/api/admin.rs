@@ -3,15 +3,16 @@
 //! Invariant: the registry is written first and the live tenant changed only
 //! after the write succeeded, so a failed write changes nothing.
 
+use super::Api;
 use super::{parse_json, ApiError};
-use crate::app::{settings_from_record, App};
 use crate::clock::now_ms;
+use crate::node::Node;
 use crate::proto;
 use crate::reconcile;
 use crate::registry::TenantRecord;
 use crate::secret::{hex, key_digest, new_secret};
 use crate::source::SourceConfig;
-use crate::tenant::{Access, LimitOverrides, Tenant};
+use crate::tenant::{Access, LimitOverrides, Tenant, TenantLimits, TenantSettings};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -22,7 +23,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-pub(super) fn routes() -> Router<Arc<App>> {
+pub(super) fn routes() -> Router<Arc<Api>> {
     Router::new()
         .route("/tenants", post(create).get(list))
         .route("/tenants/{tenant}", get(show).patch(update).delete(remove))
@@ -35,7 +36,7 @@ pub(super) fn routes() -> Router<Arc<App>> {
 /// what it runs; `alive` while its heartbeat is recent.
 #[utoipa::path(get, path = "/admin/v1/nodes", tag = "tenants", security(("admin" = [])),
     responses((status = 200, description = "every node that reported to the registry", body = super::doc::NodeList), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody)))]
-pub(super) async fn nodes(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn nodes(State(app): State<Arc<Api>>) -> Result<Json<Value>, ApiError> {
     let now = now_ms();
     let stale = 3 * crate::cluster::HEARTBEAT_EVERY.as_millis() as i64;
     let nodes: Vec<Value> = app
@@ -56,7 +57,7 @@ pub(super) async fn nodes(State(app): State<Arc<App>>) -> Result<Json<Value>, Ap
             })
         })
         .collect();
-    Ok(Json(json!({ "self": app.config.node_id, "nodes": nodes })))
+    Ok(Json(json!({ "self": app.node_id, "nodes": nodes })))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -140,18 +141,18 @@ fn check_config(config: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn check_limits(app: &App, limits: &Value) -> Result<(), ApiError> {
+fn check_limits(app: &Node, limits: &Value) -> Result<(), ApiError> {
     let o: LimitOverrides = serde_json::from_value(limits.clone())
         .map_err(|e| ApiError::BadRequest(format!("limits: {e}")))?;
-    o.apply(&app.config.limits).map_err(ApiError::BadRequest)?;
+    o.apply(&app.defaults).map_err(ApiError::BadRequest)?;
     Ok(())
 }
 
 /// A create body as the tenant row it would store, checked as the live
-/// tenant will be (`settings_from_record`), with the publish key's digest.
+/// tenant will be (`TenantSettings::from_record`), with the publish key's digest.
 /// Pure: fuzzed in `crate::fuzz`.
 pub fn record_from_create(
-    config: &crate::config::Config,
+    defaults: &TenantLimits,
     body: &[u8],
     publish_key_sha256: String,
     now: i64,
@@ -167,7 +168,7 @@ pub fn record_from_create(
     let limits = req.limits.unwrap_or_else(|| json!({}));
     let o: LimitOverrides = serde_json::from_value(limits.clone())
         .map_err(|e| ApiError::BadRequest(format!("limits: {e}")))?;
-    o.apply(&config.limits).map_err(ApiError::BadRequest)?;
+    o.apply(defaults).map_err(ApiError::BadRequest)?;
     let rec = TenantRecord {
         id: req.id,
         access: req.access.as_str().into(),
@@ -181,7 +182,7 @@ pub fn record_from_create(
         source: json!({"kind": "http"}),
         allowed_origins: req.allowed_origins.unwrap_or(Value::Null),
     };
-    settings_from_record(&rec, config).map_err(ApiError::BadRequest)?;
+    TenantSettings::from_record(&rec, defaults).map_err(ApiError::BadRequest)?;
     Ok(rec)
 }
 
@@ -189,9 +190,9 @@ pub fn record_from_create(
     request_body = CreateTenant,
     responses((status = 201, description = "created; the publish key is shown once", body = super::doc::TenantView), (status = 400, description = "bad input; nothing changed", body = super::doc::ErrorBody), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody),
         (status = 409, description = "a tenant with this id exists", body = super::doc::ErrorBody)))]
-pub(super) async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+pub(super) async fn create(State(app): State<Arc<Api>>, body: Bytes) -> Result<Response, ApiError> {
     let key = new_secret("pk_");
-    let rec = record_from_create(&app.config, &body, hex(&key_digest(&key)), now_ms())?;
+    let rec = record_from_create(&app.defaults, &body, hex(&key_digest(&key)), now_ms())?;
     app.registry.create_tenant(&rec).await?;
     let (_, tenant) = reconcile::tenant(&app, &rec.id).await?;
     tracing::info!(tenant = %rec.id, access = %rec.access, "tenant created");
@@ -202,7 +203,7 @@ pub(super) async fn create(State(app): State<Arc<App>>, body: Bytes) -> Result<R
 
 #[utoipa::path(get, path = "/admin/v1/tenants", tag = "tenants", security(("admin" = [])),
     responses((status = 200, description = "every tenant", body = super::doc::TenantList), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody)))]
-pub(super) async fn list(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn list(State(app): State<Arc<Api>>) -> Result<Json<Value>, ApiError> {
     let rows = app.registry.list_tenants().await?;
     let items: Vec<Value> = rows
         .iter()
@@ -214,7 +215,7 @@ pub(super) async fn list(State(app): State<Arc<App>>) -> Result<Json<Value>, Api
 #[utoipa::path(get, path = "/admin/v1/tenants/{tenant}", tag = "tenants", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
     responses((status = 200, body = super::doc::TenantView), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
 pub(super) async fn show(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let rec = app.registry.get_tenant(&id).await?;
@@ -225,7 +226,7 @@ pub(super) async fn show(
 /// another write landed in between, in which case it reads the new row and
 /// applies `change` again: concurrent changes of different fields all hold.
 async fn rewrite(
-    app: &App,
+    app: &Node,
     id: &str,
     change: impl Fn(&mut TenantRecord) -> Result<(), ApiError>,
 ) -> Result<TenantRecord, ApiError> {
@@ -234,7 +235,7 @@ async fn rewrite(
         let seen = rec.updated_at_ms;
         change(&mut rec)?;
         rec.updated_at_ms = now_ms().max(seen + 1);
-        settings_from_record(&rec, &app.config).map_err(ApiError::BadRequest)?;
+        TenantSettings::from_record(&rec, &app.defaults).map_err(ApiError::BadRequest)?;
         if app.registry.update_tenant_if(&rec, seen).await? {
             return Ok(rec);
         }
@@ -260,7 +261,7 @@ fn merge_patch(target: &mut Value, patch: &Value) {
     request_body = PatchTenant,
     responses((status = 200, body = super::doc::TenantView), (status = 400, description = "bad input; nothing changed", body = super::doc::ErrorBody), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody), (status = 409, description = "the tenant kept changing under this change (32 tries); nothing changed", body = super::doc::ErrorBody)))]
 pub(super) async fn update(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
@@ -299,7 +300,7 @@ pub(super) async fn update(
 #[utoipa::path(delete, path = "/admin/v1/tenants/{tenant}", tag = "tenants", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
     responses((status = 204, description = "deleted; its sessions are closed (4000)"), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
 pub(super) async fn remove(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     app.registry.delete_tenant(&id).await?;
@@ -311,7 +312,7 @@ pub(super) async fn remove(
 #[utoipa::path(post, path = "/admin/v1/tenants/{tenant}/publish-key", tag = "tenants", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
     responses((status = 200, description = "a new publish key (shown once); the old one stops working", body = super::doc::RotatedKey), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
 pub(super) async fn rotate_key(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let key = new_secret("pk_");
@@ -324,7 +325,7 @@ pub(super) async fn rotate_key(
     Ok(Json(json!({ "id": id, "publish_key": key })))
 }
 
-fn source_view(app: &App, t: &Tenant) -> Value {
+fn source_view(app: &Node, t: &Tenant) -> Value {
     let (config, health) = app.sources.view(t);
     let health = serde_json::to_value(&health).unwrap_or(Value::Null);
     json!({ "source": config.redacted(), "health": health })
@@ -333,7 +334,7 @@ fn source_view(app: &App, t: &Tenant) -> Value {
 #[utoipa::path(get, path = "/admin/v1/tenants/{tenant}/source", tag = "tenants", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
     responses((status = 200, body = super::doc::SourceView), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
 pub(super) async fn show_source(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let t = super::live_tenant(&app, &id)?;
@@ -347,7 +348,7 @@ pub(super) async fn show_source(
     responses((status = 200, description = "the source in force; the old reader stopped before the new one started", body = super::doc::SourceView), (status = 400, description = "bad input; nothing changed", body = super::doc::ErrorBody), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody),
         (status = 422, description = "the source cannot be used (unreachable, wrong table shape, …)", body = super::doc::ErrorBody)))]
 pub(super) async fn set_source(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {

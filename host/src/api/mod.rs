@@ -12,15 +12,41 @@ pub mod ops;
 pub mod plugins;
 pub mod publish;
 
-use crate::app::App;
+use crate::node::Node;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// What the API needs beyond the node: its own settings and secrets.
+pub struct ApiSettings {
+    pub admin_token_sha256: [u8; 32],
+    /// `/metrics` requires this bearer token when set.
+    pub metrics_token: Option<String>,
+    pub metrics: PrometheusHandle,
+    /// The admin API has a listener of its own (`--admin-listen`).
+    pub admin_listen: bool,
+    /// `--demo`: the demo page's routes.
+    pub demo_tenant: bool,
+}
+
+/// The API's state: the node it serves and its own settings.
+pub struct Api {
+    pub node: Arc<Node>,
+    pub settings: ApiSettings,
+}
+
+impl std::ops::Deref for Api {
+    type Target = Node;
+    fn deref(&self) -> &Node {
+        &self.node
+    }
+}
 
 /// Largest request body the router reads (a publish batch).
 pub(crate) const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -157,22 +183,24 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-async fn require_admin(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+async fn require_admin(State(app): State<Arc<Api>>, req: Request, next: Next) -> Response {
     match bearer(req.headers()) {
-        Some(t) if app.check_admin_token(t) => next.run(req).await,
+        Some(t) if crate::secret::matches(&app.settings.admin_token_sha256, t) => {
+            next.run(req).await
+        }
         _ => ApiError::Unauthorized.into_response(),
     }
 }
 
 /// The main listener's routes: clients, publish, health, and the admin API
 /// unless it has a listener of its own (`--admin-listen`, [`admin_router`]).
-pub fn router(app: Arc<App>) -> Router {
-    let demo = if app.config.demo_tenant {
+pub fn router(app: Arc<Api>) -> Router {
+    let demo = if app.settings.demo_tenant {
         crate::demo::routes()
     } else {
         Router::new()
     };
-    let base = if app.config.admin_listen.is_none() {
+    let base = if !app.settings.admin_listen {
         admin_routes(&app)
     } else {
         Router::new()
@@ -181,13 +209,13 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 /// The admin listener's routes (`--admin-listen`): the admin API and health.
-pub fn admin_router(app: Arc<App>) -> Router {
+pub fn admin_router(app: Arc<Api>) -> Router {
     with_health(admin_routes(&app), app)
 }
 
 /// `routes` with health, readiness and metrics, a 404 for the rest, and
 /// the body limit.
-fn with_health(routes: Router<Arc<App>>, app: Arc<App>) -> Router {
+fn with_health(routes: Router<Arc<Api>>, app: Arc<Api>) -> Router {
     routes
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -197,7 +225,7 @@ fn with_health(routes: Router<Arc<App>>, app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-fn admin_routes(app: &Arc<App>) -> Router<Arc<App>> {
+fn admin_routes(app: &Arc<Api>) -> Router<Arc<Api>> {
     let admin = admin::routes()
         .merge(plugins::routes())
         .merge(ops::routes())
@@ -220,11 +248,11 @@ pub(super) async fn healthz() -> &'static str {
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses((status = 200, description = "takes clients", body = doc::Ready),
         (status = 503, description = "draining or not started", body = doc::ErrorBody)))]
-pub(super) async fn readyz(State(app): State<Arc<App>>) -> Response {
+pub(super) async fn readyz(State(app): State<Arc<Api>>) -> Response {
     if !app.is_ready() {
         return ApiError::Unavailable.into_response();
     }
-    let mut body = serde_json::json!({"ready": true, "node": app.config.node_id});
+    let mut body = serde_json::json!({"ready": true, "node": app.node_id});
     match &app.cluster {
         Some(c) => {
             let (up, down_since) = c.registry();
@@ -241,8 +269,8 @@ pub(super) async fn readyz(State(app): State<Arc<App>>) -> Response {
 #[utoipa::path(get, path = "/metrics", tag = "health", security((), ("metrics" = [])),
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String),
         (status = 401, description = "--metrics-token is set and was not given", body = doc::ErrorBody)))]
-pub(super) async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    if let Some(want) = &app.config.metrics_token {
+pub(super) async fn metrics(State(app): State<Arc<Api>>, headers: HeaderMap) -> Response {
+    if let Some(want) = &app.settings.metrics_token {
         let want = crate::secret::key_digest(want);
         if !bearer(&headers).is_some_and(|g| crate::secret::matches(&want, g)) {
             return ApiError::Unauthorized.into_response();
@@ -250,7 +278,7 @@ pub(super) async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> 
     }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        app.metrics.render(),
+        app.settings.metrics.render(),
     )
         .into_response()
 }
@@ -262,7 +290,7 @@ pub(super) async fn openapi() -> Response {
 }
 
 /// The live tenant `id` on this node, or 404.
-pub(crate) fn live_tenant(app: &App, id: &str) -> Result<Arc<crate::tenant::Tenant>, ApiError> {
+pub(crate) fn live_tenant(app: &Node, id: &str) -> Result<Arc<crate::tenant::Tenant>, ApiError> {
     app.tenants
         .get(id)
         .ok_or_else(|| ApiError::NotFound(format!("tenant {id:?} not found")))

@@ -7,8 +7,8 @@
 //! but the trim a subscribe would do anyway; a disconnect closes sessions
 //! through their handles, like a tenant removal, with the code asked for.
 
+use super::Api;
 use super::{live_tenant, ApiError};
-use crate::app::App;
 use crate::clock::now_ms;
 use crate::fanout::queue::Wire;
 use crate::fanout::session::QueueClose;
@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use std::sync::Arc;
 
-pub(super) fn routes() -> Router<Arc<App>> {
+pub(super) fn routes() -> Router<Arc<Api>> {
     Router::new()
         .route("/tenants/{tenant}/channels/{channel}/history", get(history))
         .route("/tenants/{tenant}/connections", get(connections))
@@ -78,7 +78,7 @@ pub struct HistoryMessage {
     responses((status = 200, description = "what a resume after `since` would replay, on this node", body = HistoryAnswer), (status = 400, description = "bad input; nothing changed", body = super::doc::ErrorBody), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody),
         (status = 404, description = "no such tenant, or the channel has neither subscribers nor history here", body = super::doc::ErrorBody)))]
 pub(super) async fn history(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path((id, channel)): Path<(String, String)>,
     query: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<HistoryAnswer>, ApiError> {
@@ -124,7 +124,7 @@ pub(super) async fn history(
         }
     }
     Ok(Json(HistoryAnswer {
-        node: app.config.node_id.clone(),
+        node: app.node_id.clone(),
         channel,
         epoch: view.epoch,
         head: view.head,
@@ -163,7 +163,7 @@ fn session_id(n: u64) -> String {
 #[utoipa::path(get, path = "/admin/v1/tenants/{tenant}/connections", tag = "operations", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
     responses((status = 200, description = "this node's live sessions of the tenant", body = ConnectionsAnswer), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
 pub(super) async fn connections(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path(id): Path<String>,
 ) -> Result<Json<ConnectionsAnswer>, ApiError> {
     let tenant = live_tenant(&app, &id)?;
@@ -192,7 +192,7 @@ pub(super) async fn connections(
         .collect();
     connections.sort_by_key(|c| c.connected_at_ms);
     Ok(Json(ConnectionsAnswer {
-        node: app.config.node_id.clone(),
+        node: app.node_id.clone(),
         connections,
     }))
 }
@@ -225,7 +225,7 @@ fn valid_close_code(code: u16) -> bool {
     request_body = DisconnectRequest,
     responses((status = 200, description = "sessions closed with the code (WebSocket) or ended (SSE), on this node", body = DisconnectAnswer), (status = 400, description = "bad input; nothing changed", body = super::doc::ErrorBody), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
 pub(super) async fn disconnect(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<DisconnectAnswer>, ApiError> {
@@ -269,7 +269,7 @@ pub(super) async fn disconnect(
     }
     tracing::info!(tenant = %id, subject = ?req.subject, session = ?req.session, code, disconnected, "sessions disconnected by the operator");
     Ok(Json(DisconnectAnswer {
-        node: app.config.node_id.clone(),
+        node: app.node_id.clone(),
         disconnected,
         code,
     }))

@@ -7,11 +7,12 @@
 //! answered `describe` under the tenant's sandbox limits; activation swaps
 //! the tenant's plugin only after the registry recorded it.
 
+use super::Api;
 use super::ApiError;
-use crate::app::{App, LoadError};
 use crate::clock::now_ms;
 use crate::plugin::active::{Activation, ActivePlugin};
 use crate::plugin::{sha256_hex, PluginError};
+use crate::plugin_host::{LoadError, UploadState, BACKGROUND_UPLOAD_BYTES};
 use crate::registry::PluginRecord;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
@@ -22,7 +23,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-pub(super) fn routes() -> Router<Arc<App>> {
+pub(super) fn routes() -> Router<Arc<Api>> {
     Router::new()
         .route(
             "/tenants/{tenant}/plugins",
@@ -44,7 +45,7 @@ pub(super) fn routes() -> Router<Arc<App>> {
 #[utoipa::path(post, path = "/admin/v1/tenants/{tenant}/plugins/deactivate", tag = "plugins", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
     responses((status = 200, description = "no plugin from now on", body = super::doc::Activation), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
 pub(super) async fn deactivate(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     app.registry.set_active_plugin(&id, None).await?;
@@ -66,63 +67,6 @@ impl From<LoadError> for ApiError {
     }
 }
 
-/// Uploads larger than this compile in the background: the answer is 202
-/// with a status to poll (an 18 MB Python component compiles for 11-14 s).
-pub const BACKGROUND_UPLOAD_BYTES: usize = 1 << 20;
-
-/// Where a background upload stands, per (tenant, sha256).
-#[derive(Debug, Clone)]
-pub enum UploadState {
-    Compiling {
-        since_ms: i64,
-    },
-    /// The upload's answer, as the synchronous path gives it.
-    Stored(Value),
-    Failed {
-        code: &'static str,
-        message: String,
-        at_ms: i64,
-    },
-}
-
-/// Background uploads of the last hour, by (tenant, sha256); this node's
-/// only (poll the node that answered 202).
-#[derive(Default)]
-pub struct Uploads(parking_lot::Mutex<std::collections::HashMap<(String, String), UploadState>>);
-
-impl Uploads {
-    fn begin(&self, tenant: &str, sha: &str) -> Option<UploadState> {
-        let mut m = self.0.lock();
-        let hour_ago = now_ms() - 3_600_000;
-        m.retain(|_, s| match s {
-            UploadState::Compiling { .. } => true,
-            UploadState::Failed { at_ms, .. } => *at_ms > hour_ago,
-            UploadState::Stored(v) => v["created_at_ms"].as_i64().unwrap_or(0) > hour_ago,
-        });
-        let key = (tenant.to_string(), sha.to_string());
-        match m.get(&key) {
-            Some(s @ UploadState::Compiling { .. }) => Some(s.clone()),
-            _ => {
-                m.insert(key, UploadState::Compiling { since_ms: now_ms() });
-                None
-            }
-        }
-    }
-
-    fn finish(&self, tenant: &str, sha: &str, state: UploadState) {
-        self.0
-            .lock()
-            .insert((tenant.to_string(), sha.to_string()), state);
-    }
-
-    fn get(&self, tenant: &str, sha: &str) -> Option<UploadState> {
-        self.0
-            .lock()
-            .get(&(tenant.to_string(), sha.to_string()))
-            .cloned()
-    }
-}
-
 #[utoipa::path(post, path = "/admin/v1/tenants/{tenant}/plugins", tag = "plugins", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
     request_body(content = Vec<u8>, content_type = "application/wasm", description = "a wasm component (herald:plugin@0.1.0 or @0.2.0)"),
     responses((status = 201, description = "stored (compiled, not active)", body = super::doc::PluginVersionView),
@@ -130,7 +74,7 @@ impl Uploads {
         (status = 400, description = "bad input; nothing changed", body = super::doc::ErrorBody), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody),
         (status = 422, description = "not a component Herald can run, or its hooks failed a check", body = super::doc::ErrorBody)))]
 pub(super) async fn upload(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -162,7 +106,7 @@ pub(super) async fn upload(
         }
         r
     };
-    if let Some(UploadState::Compiling { since_ms }) = app.uploads.begin(&id, &sha256) {
+    if let Some(UploadState::Compiling { since_ms }) = app.plugins.uploads.begin(&id, &sha256) {
         // The same bytes are compiling already: the same answer.
         return Ok(accepted(since_ms));
     }
@@ -180,7 +124,7 @@ pub(super) async fn upload(
                 }
             }
         };
-        task_app.uploads.finish(&task_id, &task_sha, state);
+        task_app.plugins.uploads.finish(&task_id, &task_sha, state);
     });
     Ok(accepted(since))
 }
@@ -193,10 +137,10 @@ pub(super) async fn upload(
     responses((status = 200, body = super::doc::UploadAnswer), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody),
         (status = 404, description = "no such upload", body = super::doc::ErrorBody)))]
 pub(super) async fn upload_status(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path((id, sha)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    match app.uploads.get(&id, &sha) {
+    match app.plugins.uploads.get(&id, &sha) {
         None => Err(ApiError::NotFound(format!(
             "no upload of {sha} for tenant {id:?} on this node in the last hour"
         ))),
@@ -215,7 +159,7 @@ pub(super) async fn upload_status(
 
 /// Compiles, loads and checks a component under the tenant's sandbox, then
 /// stores it as the tenant's next version; the upload's answer.
-async fn store_upload(app: &Arc<App>, id: &str, body: Bytes) -> Result<Value, ApiError> {
+async fn store_upload(app: &Arc<Api>, id: &str, body: Bytes) -> Result<Value, ApiError> {
     let tenant = super::live_tenant(app, id)?;
     let settings = tenant.settings();
     let sha256 = sha256_hex(&body);
@@ -226,7 +170,7 @@ async fn store_upload(app: &Arc<App>, id: &str, body: Bytes) -> Result<Value, Ap
         config: settings.config.to_string().into(),
         limits: settings.limits.sandbox(),
     };
-    let runtime = app.plugins.clone();
+    let runtime = app.plugins.runtime.clone();
     let bytes = body.clone();
     let checked = tokio::task::spawn_blocking(move || {
         let component = runtime.compile(&bytes)?;
@@ -267,7 +211,7 @@ async fn store_upload(app: &Arc<App>, id: &str, body: Bytes) -> Result<Value, Ap
 #[utoipa::path(get, path = "/admin/v1/tenants/{tenant}/plugins", tag = "plugins", security(("admin" = [])), params(("tenant" = String, Path, description = "tenant id")),
     responses((status = 200, body = super::doc::PluginList), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody)))]
 pub(super) async fn list(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = app.registry.get_tenant(&id).await?;
@@ -287,7 +231,7 @@ pub(super) async fn list(
                 "created_at_ms": p.created_at_ms,
                 "active": tenant.active_plugin == Some(p.version),
                 // Compiled in this node's memory (else on disk, or not yet).
-                "compiled": app.plugins.is_compiled(&p.sha256),
+                "compiled": app.plugins.runtime.is_compiled(&p.sha256),
             })
         })
         .collect();
@@ -302,7 +246,7 @@ pub(super) async fn list(
     responses((status = 200, description = "the version active before the current one is active again", body = super::doc::Activation), (status = 401, description = "missing or wrong admin token", body = super::doc::ErrorBody), (status = 404, description = "no such tenant", body = super::doc::ErrorBody),
         (status = 409, description = "no previous version", body = super::doc::ErrorBody)))]
 pub(super) async fn rollback(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let Some(version) = app.registry.previous_plugin(&id).await? else {
@@ -319,7 +263,7 @@ pub(super) async fn rollback(
         (status = 404, description = "no such tenant or version", body = super::doc::ErrorBody),
         (status = 422, description = "the version does not load here", body = super::doc::ErrorBody)))]
 pub(super) async fn activate(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path((id, version)): Path<(String, i64)>,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = super::live_tenant(&app, &id)?;

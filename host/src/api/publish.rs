@@ -4,8 +4,8 @@
 //! deadline and size, the Idempotency-Key header); what a publish does is
 //! the publish service's (`publish.rs`).
 
+use super::Api;
 use super::{bearer, ApiError};
-use crate::app::App;
 use crate::publish::PublishError;
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(super) fn routes() -> Router<Arc<App>> {
+pub(super) fn routes() -> Router<Arc<Api>> {
     Router::new()
         .route("/v1/t/{tenant}/publish", post(publish))
         .route("/v1/t/{tenant}/ws", get(not_a_websocket_upgrade))
@@ -60,7 +60,7 @@ async fn not_a_websocket_upgrade(headers: HeaderMap) -> Response {
 /// (`Authorization`, `Last-Event-ID`): allowed origins get the permissions,
 /// others a 403 they cannot read.
 async fn sse_preflight(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path(tenant_id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
@@ -106,7 +106,7 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(10);
         (status = 502, description = "the tenant's transform failed; the batch was dead-lettered", body = super::doc::ErrorBody),
         (status = 503, description = "plugin loading or busy, or the log/topic did not confirm (Retry-After)", body = super::doc::ErrorBody)))]
 pub(super) async fn publish(
-    State(app): State<Arc<App>>,
+    State(app): State<Arc<Api>>,
     Path(tenant_id): Path<String>,
     request: Request,
 ) -> Result<Response, ApiError> {

@@ -17,6 +17,20 @@ use std::time::Duration;
 /// Tenant ids with new rows in the publish log; sent by the publishing node.
 pub const PUBLISH_CHANNEL: &str = "herald_publish";
 
+/// `--cluster-kafka`: where `http` tenants' publishes are logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterKafka {
+    pub brokers: String,
+    pub prefix: String,
+}
+
+impl ClusterKafka {
+    /// The topic of one tenant's publishes.
+    pub fn topic(&self, tenant: &str) -> String {
+        format!("{}{tenant}", self.prefix)
+    }
+}
+
 /// One message an HTTP publish hands to the place every node reads it from
 /// (this log, or a Kafka topic with `--cluster-kafka`).
 pub struct Publication<'a> {

@@ -4,8 +4,8 @@
 //! kind, instead of spinning.
 
 use super::front_door;
-use crate::app::App;
 use crate::metrics;
+use crate::server::Server;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -15,13 +15,13 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// Accepts until the node stops accepting (drain or shutdown). Each
 /// connection runs on the app's task tracker.
-pub async fn accept_loop(app: Arc<App>, listener: TcpListener, router: axum::Router) {
+pub async fn accept_loop(app: Arc<Server>, listener: TcpListener, router: axum::Router) {
     accept_from(app, listener, router).await
 }
 
 /// The accept loop over TLS connections (`--tls-cert`): the plaintext of
 /// each, bridged by `tls.rs`, with its client's address.
-pub async fn accept_tls(app: Arc<App>, front: super::tls::TlsFront, router: axum::Router) {
+pub async fn accept_tls(app: Arc<Server>, front: super::tls::TlsFront, router: axum::Router) {
     accept_from(app, front, router).await
 }
 
@@ -38,7 +38,7 @@ impl Accept for TcpListener {
 }
 
 /// The accept loop over any [`Accept`].
-pub(super) async fn accept_from(app: Arc<App>, listener: impl Accept, router: axum::Router) {
+pub(super) async fn accept_from(app: Arc<Server>, listener: impl Accept, router: axum::Router) {
     let mut backoff = Duration::from_millis(5);
     let mut last_warn: Option<tokio::time::Instant> = None;
     let mut last_full: Option<tokio::time::Instant> = None;
@@ -152,7 +152,7 @@ mod tests {
     /// spinning, are classified, and the loop serves again afterwards.
     #[tokio::test]
     async fn emfile_backs_off_then_serves() {
-        let app = App::for_tests().await;
+        let app = Server::for_tests().await;
         let real = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = real.local_addr().unwrap();
         let calls = Arc::new(AtomicUsize::new(0));
@@ -165,7 +165,7 @@ mod tests {
             classify_accept_error(&io::Error::from_raw_os_error(24)),
             "emfile"
         );
-        let router = crate::api::router(app.clone());
+        let router = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
         let started = std::time::Instant::now();
         let task = tokio::spawn(accept_from(app.clone(), listener, router));
         let mut s = TcpStream::connect(addr).await.unwrap();

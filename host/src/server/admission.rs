@@ -6,9 +6,9 @@
 
 use super::head::RequestHead;
 use super::{busy, error_body, offered_protocols, truncate, Admitted, Refused, TOKEN_PROTOCOL};
-use crate::app::App;
 use crate::metrics;
 use crate::plugin;
+use crate::server::Server;
 use crate::tenant::{Access, Refusal};
 use axum::http::StatusCode;
 use std::net::SocketAddr;
@@ -135,7 +135,7 @@ fn conceal(r: Refused, head: &RequestHead) -> Refused {
 /// answered (readiness, memory, tenant, capacity, the plugin's
 /// authorize-connect).
 pub(super) async fn admit(
-    app: &Arc<App>,
+    app: &Arc<Server>,
     tenant_id: &str,
     transport: &str,
     head: &RequestHead,
@@ -169,7 +169,7 @@ enum Admission {
 }
 
 fn check_admission(
-    app: &Arc<App>,
+    app: &Arc<Server>,
     tenant_id: &str,
     peer: SocketAddr,
 ) -> Result<Admission, Refused> {

@@ -18,7 +18,7 @@
 use super::head::{self, RequestHead, Route};
 use super::prefixed::Prefixed;
 use super::{open_sse, open_ws, session, start_sse, start_ws, Admitted, Refused};
-use crate::app::App;
+use crate::server::Server;
 use crate::tenant::DoorSlot;
 use axum::body::Body;
 use axum::http::{header, Request, Response, StatusCode};
@@ -54,7 +54,7 @@ struct Handoff {
 /// read) with the router until the client closes, the server shuts down, or a
 /// request becomes a session.
 pub(super) async fn serve(
-    app: Arc<App>,
+    app: Arc<Server>,
     stream: TcpStream,
     prefix: Bytes,
     peer: SocketAddr,
@@ -81,7 +81,7 @@ pub(super) async fn serve(
         .timer(TokioTimer::new())
         // hyper 1.12 runs this from the end of a response too: a kept-alive
         // connection idle this long is closed, like one dribbling a head.
-        .header_read_timeout(app.config.head_timeout)
+        .header_read_timeout(app.settings.head_timeout)
         // Every request's head under the front door's cap (hyper's default
         // buffer takes ~400 KB of head on a kept-alive connection); hyper
         // answers a larger one 431.
@@ -91,7 +91,7 @@ pub(super) async fn serve(
     // (at once when idle), however busy it is kept.
     // So does a connection told to make way for a new one at the door
     // bound (server/accept.rs).
-    let mut age = Box::pin(tokio::time::sleep(app.config.max_connection_age));
+    let mut age = Box::pin(tokio::time::sleep(app.settings.max_connection_age));
     let mut evicted = Box::pin(door.evicted());
     let mut ending = false;
     // Without shutdown: when a request became a session, the socket must
@@ -146,7 +146,7 @@ type BoxFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>>
 /// The per-connection service: session requests are admitted here, every
 /// other request goes to the router.
 struct Door {
-    app: Arc<App>,
+    app: Arc<Server>,
     router: axum::Router,
     peer: SocketAddr,
     handoff: Arc<Handoff>,

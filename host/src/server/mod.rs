@@ -20,7 +20,7 @@ mod prefixed;
 pub mod session;
 use admission::admit;
 
-use crate::app::App;
+use crate::node::Node;
 use crate::plugin;
 use crate::proto::{self, sse, ws};
 use crate::tenant::DoorSlot;
@@ -35,20 +35,67 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// The front door's settings (from `herald serve`'s flags).
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    /// A request head's deadline, and a kept-alive connection's idle one.
+    pub head_timeout: Duration,
+    /// How long a kept-alive HTTP connection may live, busy or not.
+    pub max_connection_age: Duration,
+    /// A session's keep-alive (WebSocket ping, SSE comment) interval.
+    pub heartbeat: Duration,
+    /// SO_SNDBUF for accepted sockets; `None` keeps the kernel's autotuning.
+    pub socket_send_buffer: Option<usize>,
+    /// TLS handshakes in progress, in all and per client address (0: no bound).
+    pub max_pending_connections: usize,
+    pub max_pending_per_address: usize,
+}
+
+/// The front door's state: the node it admits sessions to and its settings.
+pub struct Server {
+    pub node: Arc<Node>,
+    pub settings: ServerSettings,
+}
+
+impl std::ops::Deref for Server {
+    type Target = Node;
+    fn deref(&self) -> &Node {
+        &self.node
+    }
+}
+
+#[cfg(test)]
+impl Server {
+    /// A front door on a test node, with `herald serve`'s defaults.
+    pub(crate) async fn for_tests() -> Arc<Server> {
+        Arc::new(Server {
+            node: Node::for_tests().await,
+            settings: ServerSettings {
+                head_timeout: Duration::from_secs(10),
+                max_connection_age: Duration::from_secs(600),
+                heartbeat: Duration::from_secs(25),
+                socket_send_buffer: None,
+                max_pending_connections: 16_384,
+                max_pending_per_address: 0,
+            },
+        })
+    }
+}
+
 /// Reads the first request head and routes the connection.
 pub(super) async fn front_door(
-    app: Arc<App>,
+    app: Arc<Server>,
     mut stream: TcpStream,
     peer: SocketAddr,
     router: axum::Router,
     door: DoorSlot,
 ) {
     let _ = stream.set_nodelay(true);
-    if let Some(n) = app.config.socket_send_buffer {
+    if let Some(n) = app.settings.socket_send_buffer {
         let _ = socket2::SockRef::from(&stream).set_send_buffer_size(n);
     }
     let mut buf = Vec::with_capacity(1024);
-    let head_timeout = app.config.head_timeout;
+    let head_timeout = app.settings.head_timeout;
     let read = tokio::select! {
         r = tokio::time::timeout(head_timeout, read_head(&mut stream, &mut buf)) => r,
         // At the door bound the oldest door makes way for a new connection.
@@ -224,7 +271,7 @@ fn truncate(s: &str) -> &str {
 /// Checks a WebSocket handshake request and admits it; returns the
 /// `Sec-WebSocket-Accept` value and the admitted connection.
 async fn open_ws(
-    app: &Arc<App>,
+    app: &Arc<Server>,
     head: &RequestHead,
     tenant: &str,
     peer: SocketAddr,
@@ -287,7 +334,7 @@ pub(super) struct Handshake {
 
 /// Runs an admitted WebSocket session whose 101 was sent. `early` holds
 /// bytes the client sent after its handshake request.
-fn start_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: Admitted) {
+fn start_ws(app: Arc<Server>, stream: TcpStream, early: Vec<u8>, admitted: Admitted) {
     // A task of its own, sized by the session alone, not by the handshake states.
     let tracker = app.tracker.clone();
     tracker.spawn(session::run_ws(app, stream, early, admitted));
@@ -298,7 +345,7 @@ fn start_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: Admitted
 /// Admits an SSE stream; its response, and every refusal, carries the
 /// tenant's CORS headers, so an allowed page can read a 401 or 403 too.
 async fn open_sse(
-    app: &Arc<App>,
+    app: &Arc<Server>,
     head: &RequestHead,
     tenant_id: &str,
     peer: SocketAddr,
@@ -333,7 +380,7 @@ async fn open_sse(
 }
 
 async fn check_sse(
-    app: &Arc<App>,
+    app: &Arc<Server>,
     head: &RequestHead,
     tenant_id: &str,
     peer: SocketAddr,
@@ -417,7 +464,7 @@ async fn check_sse(
 
 /// Sends the SSE response head and runs the admitted stream.
 async fn start_sse(
-    app: Arc<App>,
+    app: Arc<Server>,
     mut stream: TcpStream,
     req: session::SseRequest,
     admitted: Admitted,

@@ -26,7 +26,7 @@
 //! sockets and the copy buffers (tens of KiB): for the largest deployments a
 //! terminating proxy in front stays the cheaper choice.
 
-use crate::app::App;
+use crate::server::Server;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
@@ -94,7 +94,7 @@ impl super::accept::Accept for TlsFront {
 
 /// Starts terminating TLS on `public`; returns what the accept loop reads.
 pub fn start(
-    app: &Arc<App>,
+    app: &Arc<Server>,
     public: TcpListener,
     config: Arc<rustls::ServerConfig>,
 ) -> io::Result<TlsFront> {
@@ -110,7 +110,7 @@ pub fn start(
 }
 
 async fn terminate(
-    app: Arc<App>,
+    app: Arc<Server>,
     public: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     to: SocketAddr,
@@ -118,11 +118,11 @@ async fn terminate(
 ) {
     let mut backoff = Duration::from_millis(5);
     let handshakes = Arc::new(tokio::sync::Semaphore::new(
-        app.config.max_pending_connections.max(1),
+        app.settings.max_pending_connections.max(1),
     ));
-    let deadline = app.config.head_timeout;
+    let deadline = app.settings.head_timeout;
     let per_address = Arc::new(crate::tenant::PerAddress::default());
-    let per_address_max = match app.config.max_pending_per_address {
+    let per_address_max = match app.settings.max_pending_per_address {
         0 => usize::MAX,
         n => n,
     };
@@ -163,7 +163,7 @@ async fn terminate(
             continue;
         };
         let (acceptor, peers) = (acceptor.clone(), peers.clone());
-        let send_buffer = app.config.socket_send_buffer;
+        let send_buffer = app.settings.socket_send_buffer;
         app.tracker.spawn(async move {
             let _ = tcp.set_nodelay(true);
             let sock = socket2::SockRef::from(&tcp);

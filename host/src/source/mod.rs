@@ -52,19 +52,7 @@ pub struct Sources {
     slots: Mutex<HashMap<Box<str>, SourceSlot>>,
 }
 
-/// `--cluster-kafka`: where `http` tenants' publishes are logged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterKafka {
-    pub brokers: String,
-    pub prefix: String,
-}
-
-impl ClusterKafka {
-    /// The topic of one tenant's publishes.
-    pub fn topic(&self, tenant: &str) -> String {
-        format!("{}{tenant}", self.prefix)
-    }
-}
+pub use crate::registry::log::ClusterKafka;
 
 /// What a tenant reads from, as set by `PUT /admin/v1/tenants/{t}/source`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

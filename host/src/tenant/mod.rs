@@ -13,6 +13,7 @@ use crate::fanout::Hub;
 use crate::metrics::TenantMetrics;
 use crate::plugin::active::ActivePlugin;
 use crate::ratelimit::TokenBucket;
+use crate::registry::TenantRecord;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -63,6 +64,36 @@ pub struct TenantSettings {
     pub allowed_origins: Option<Vec<String>>,
 }
 
+impl TenantSettings {
+    /// A tenant row turned into live settings (its limit overrides over
+    /// `defaults`), or why it cannot be.
+    pub fn from_record(
+        rec: &TenantRecord,
+        defaults: &TenantLimits,
+    ) -> Result<TenantSettings, String> {
+        let access: Access = serde_json::from_value(serde_json::Value::String(rec.access.clone()))
+            .map_err(|_| format!("access {:?} is not public or plugin", rec.access))?;
+        let overrides: LimitOverrides =
+            serde_json::from_value(rec.limits.clone()).map_err(|e| format!("limits: {e}"))?;
+        let limits = overrides.apply(defaults)?;
+        let digest = crate::secret::digest_from_hex(&rec.publish_key_sha256)
+            .ok_or("publish key digest is not 64 hex digits")?;
+        let conflation: ConflationSettings = serde_json::from_value(rec.conflation.clone())
+            .map_err(|e| format!("conflation: {e}"))?;
+        conflation.validate()?;
+        let allowed_origins = parse_origins(&rec.allowed_origins)?;
+        Ok(TenantSettings {
+            access,
+            config: rec.config.clone(),
+            overrides,
+            limits,
+            publish_key_sha256: digest,
+            conflation,
+            allowed_origins,
+        })
+    }
+}
+
 /// A live tenant.
 pub struct Tenant {
     pub id: Arc<str>,
@@ -84,7 +115,7 @@ pub struct Tenant {
     /// records (`plugin_unavailable`): it never runs as if it had no plugin.
     wanted_plugin: std::sync::atomic::AtomicI64,
     /// The sha256 of the version the active one replaced: kept compiled for
-    /// a rollback, beside the active one (`App::evict_compiled`).
+    /// a rollback, beside the active one (`PluginHost::evict_compiled`).
     previous_plugin: Mutex<Option<String>>,
     /// A load of the wanted version is running in the background (at
     /// start): refusals say `plugin_loading`, not `plugin_unavailable`.

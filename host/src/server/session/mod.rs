@@ -168,7 +168,7 @@ mod tests {
     /// so it is guarded here; the benchmark measures the whole process.
     #[tokio::test]
     async fn session_futures_stay_small() {
-        let app = crate::app::App::for_tests().await;
+        let app = crate::server::Server::for_tests().await;
         let tenant = crate::tenant::tests::public_tenant("t");
         let slot = app.capacity.acquire(&tenant).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -8,13 +8,13 @@
 
 use super::writer::{finish, flush, interest, load_and_flush, Outbox};
 use super::{queue_end, End, READ_BUDGET};
-use crate::app::App;
 use crate::clock::now_ms;
 use crate::fanout::queue::Wire;
 use crate::fanout::session::{SessionHandle, SessionInfo};
 use crate::fanout::Published;
 use crate::proto::{self, sse, ws::close};
 use crate::server::Admitted;
+use crate::server::Server;
 use bytes::{Bytes, BytesMut};
 use std::io;
 use std::sync::Arc;
@@ -51,7 +51,7 @@ pub struct SseRequest {
 }
 
 /// Runs an SSE stream until it ends. The response head was already written.
-pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted: Admitted) {
+pub async fn run_sse(app: Arc<Server>, stream: TcpStream, req: SseRequest, admitted: Admitted) {
     let Admitted {
         slot,
         session,
@@ -114,7 +114,7 @@ pub async fn run_sse(app: Arc<App>, stream: TcpStream, req: SseRequest, admitted
     if let Some(status) = crate::source::status_for_new_session(&app.sources, &tenant) {
         handle.deliver_ctrl("status", &status);
     }
-    let heartbeat = app.config.heartbeat;
+    let heartbeat = app.settings.heartbeat;
     let hb = tokio::time::sleep(heartbeat);
     tokio::pin!(hb);
     let mut end = None;

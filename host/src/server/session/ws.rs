@@ -7,7 +7,6 @@
 
 use super::writer::{finish, flush, interest, load_and_flush, send_queued, Outbox};
 use super::{ask_plugin, check_subscribe, queue_end, End, SubCheck, SubRefusal, READ_BUDGET};
-use crate::app::App;
 use crate::clock::now_ms;
 use crate::fanout::queue::Wire;
 use crate::fanout::session::{SessionHandle, SessionInfo};
@@ -17,6 +16,7 @@ use crate::proto::ws::{self, close, Assembler, FrameError, Message, Role};
 use crate::proto::{self, ClientOp, ErrorCode};
 use crate::ratelimit::{OpBudget, OpVerdict};
 use crate::server::Admitted;
+use crate::server::Server;
 use crate::tenant::Tenant;
 use bytes::Bytes;
 use std::io;
@@ -82,7 +82,7 @@ async fn settle(
 
 /// Runs a WebSocket session until it ends. `early` holds bytes the client
 /// sent right after its handshake request.
-pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: Admitted) {
+pub async fn run_ws(app: Arc<Server>, stream: TcpStream, early: Vec<u8>, admitted: Admitted) {
     let Admitted {
         slot,
         session,
@@ -93,13 +93,13 @@ pub async fn run_ws(app: Arc<App>, stream: TcpStream, early: Vec<u8>, admitted: 
         slot.tenant.clone(),
         session,
         early,
-        app.config.head_timeout,
+        app.settings.head_timeout,
         remote,
         origin,
         &app.sources,
     );
     let end = match s.read_early().await {
-        Ok(()) => s.serve(&stream, app.config.heartbeat).await,
+        Ok(()) => s.serve(&stream, app.settings.heartbeat).await,
         Err(end) => end,
     };
     let last = s.leave(&end);

@@ -1,0 +1,211 @@
+//! The plugin host: the node's plugin runtime and what it does with stored
+//! versions — compiling and loading them for a tenant (on a blocking
+//! thread, under the tenant's config and sandbox limits), the loads the
+//! start defers until the server listens, background uploads and their
+//! state, and evicting compiled components nobody runs.
+//!
+//! Invariants: a version is loaded with the settings the tenant has when
+//! the load starts, and `Activation` records them (a reconcile that changes
+//! them reloads: `ActivePlugin::loaded_with`); compiling never runs on a
+//! runtime worker.
+
+use crate::clock::now_ms;
+use crate::plugin::active::{Activation, ActivePlugin};
+use crate::plugin::{PluginError, Runtime};
+use crate::registry::{Registry, RegistryError};
+use crate::tenant::{Tenant, Tenants};
+use parking_lot::Mutex;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// The node's plugin runtime and its loads.
+pub struct PluginHost {
+    pub runtime: Arc<Runtime>,
+    /// Background uploads and how they ended.
+    pub uploads: Uploads,
+    /// The start's first reconcile is running: a tenant's plugin is not
+    /// loaded in line but queued in `deferred`, so the server listens at
+    /// once (`load_deferred` loads them in the background).
+    pub starting: AtomicBool,
+    pub deferred: Mutex<Vec<(Arc<Tenant>, i64)>>,
+    /// `load_deferred` is running (the server listens, not yet ready).
+    loading: AtomicBool,
+}
+
+/// Why a stored plugin could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Plugin(PluginError),
+}
+
+impl PluginHost {
+    pub fn new(runtime: Arc<Runtime>) -> PluginHost {
+        PluginHost {
+            runtime,
+            uploads: Uploads::default(),
+            starting: AtomicBool::new(false),
+            deferred: Mutex::default(),
+            loading: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the start's deferred loads are running.
+    pub fn loading(&self) -> bool {
+        self.loading.load(Ordering::Acquire)
+    }
+
+    /// Compiles (cached by sha256) and loads one stored plugin version for a
+    /// tenant, under the tenant's current config and sandbox limits. The CPU
+    /// work runs on a blocking thread.
+    pub async fn load(
+        &self,
+        registry: &Registry,
+        tenant: &Tenant,
+        version: i64,
+    ) -> Result<Arc<ActivePlugin>, LoadError> {
+        let bytes = registry.plugin_component(&tenant.id, version).await?;
+        let settings = tenant.settings();
+        let activation = Activation {
+            version,
+            sha256: crate::plugin::sha256_hex(&bytes),
+            tenant: tenant.id.clone(),
+            config: settings.config.to_string().into(),
+            limits: settings.limits.sandbox(),
+        };
+        drop(settings);
+        let runtime = self.runtime.clone();
+        tokio::task::spawn_blocking(move || {
+            let component = runtime.compile(&bytes)?;
+            ActivePlugin::load(&runtime, &component, activation)
+        })
+        .await
+        .map_err(|e| {
+            LoadError::Plugin(PluginError::Instantiate(format!(
+                "loader thread failed: {e}"
+            )))
+        })?
+        .map_err(LoadError::Plugin)
+    }
+
+    /// Drops compiled components that no tenant runs or may roll back to
+    /// (an upload that was never activated, a version two swaps back): a
+    /// compiled Python component holds 35-94 MiB. The disk keeps them, so
+    /// activating one again loads it in milliseconds.
+    pub fn evict_compiled(&self, tenants: &Tenants) -> usize {
+        let keep: std::collections::HashSet<String> =
+            tenants.all().iter().flat_map(|t| t.plugin_shas()).collect();
+        self.runtime.retain(&keep)
+    }
+
+    /// Loads the plugins the start's reconcile deferred, a few at a time (one
+    /// per core: compiling is CPU work), each tenant activated as its load
+    /// finishes. A load that fails leaves the tenant `plugin_unavailable`, and
+    /// later reconcile passes try again. Dropped (a stop during the loads), the
+    /// loads still running are abandoned with their tasks.
+    pub async fn load_deferred(self: &Arc<Self>, registry: &Registry, tenants: &Tenants) {
+        let loads = std::mem::take(&mut *self.deferred.lock());
+        if loads.is_empty() {
+            return;
+        }
+        let started = std::time::Instant::now();
+        self.loading.store(true, Ordering::Release);
+        let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let gate = Arc::new(tokio::sync::Semaphore::new(parallel));
+        let mut tasks = tokio::task::JoinSet::new();
+        for (tenant, version) in loads {
+            let (host, gate, registry) = (self.clone(), gate.clone(), registry.clone());
+            tasks.spawn(async move {
+                let _turn = gate.acquire_owned().await;
+                let t0 = std::time::Instant::now();
+                let loaded = host.load(&registry, &tenant, version).await;
+                match loaded {
+                    // Unless the registry wants another version by now.
+                    Ok(p) if tenant.plugin_unavailable() == Some(version) => {
+                        tenant.activate(Some(p));
+                        tracing::info!(tenant = %tenant.id, version, ms = t0.elapsed().as_millis() as u64, "plugin loaded; the tenant serves");
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::error!(tenant = %tenant.id, version, error = %e, "the active plugin failed to load; the tenant refuses connections and publishes until it loads")
+                    }
+                }
+                // Only now: cleared before the activation, a request between
+                // the two would be told `plugin_unavailable` for a plugin that
+                // is about to serve.
+                tenant.set_plugin_loading(false);
+            });
+        }
+        let n = tasks.len();
+        while tasks.join_next().await.is_some() {}
+        self.loading.store(false, Ordering::Release);
+        self.evict_compiled(tenants);
+        tracing::info!(
+            plugins = n,
+            ms = started.elapsed().as_millis() as u64,
+            "plugins of the start loaded"
+        );
+    }
+}
+
+/// Uploads larger than this compile in the background: the answer is 202
+/// with a status to poll (an 18 MB Python component compiles for 11-14 s).
+pub const BACKGROUND_UPLOAD_BYTES: usize = 1 << 20;
+
+/// Where a background upload stands, per (tenant, sha256).
+#[derive(Debug, Clone)]
+pub enum UploadState {
+    Compiling {
+        since_ms: i64,
+    },
+    /// The upload's answer, as the synchronous path gives it.
+    Stored(Value),
+    Failed {
+        code: &'static str,
+        message: String,
+        at_ms: i64,
+    },
+}
+
+/// Background uploads of the last hour, by (tenant, sha256); this node's
+/// only (poll the node that answered 202).
+#[derive(Default)]
+pub struct Uploads(Mutex<HashMap<(String, String), UploadState>>);
+
+impl Uploads {
+    /// Records an upload as compiling, unless it already is (then: its state).
+    pub fn begin(&self, tenant: &str, sha: &str) -> Option<UploadState> {
+        let mut m = self.0.lock();
+        let hour_ago = now_ms() - 3_600_000;
+        m.retain(|_, s| match s {
+            UploadState::Compiling { .. } => true,
+            UploadState::Failed { at_ms, .. } => *at_ms > hour_ago,
+            UploadState::Stored(v) => v["created_at_ms"].as_i64().unwrap_or(0) > hour_ago,
+        });
+        let key = (tenant.to_string(), sha.to_string());
+        match m.get(&key) {
+            Some(s @ UploadState::Compiling { .. }) => Some(s.clone()),
+            _ => {
+                m.insert(key, UploadState::Compiling { since_ms: now_ms() });
+                None
+            }
+        }
+    }
+
+    pub fn finish(&self, tenant: &str, sha: &str, state: UploadState) {
+        self.0
+            .lock()
+            .insert((tenant.to_string(), sha.to_string()), state);
+    }
+
+    pub fn get(&self, tenant: &str, sha: &str) -> Option<UploadState> {
+        self.0
+            .lock()
+            .get(&(tenant.to_string(), sha.to_string()))
+            .cloned()
+    }
+}
