@@ -1,5 +1,5 @@
 //! Cluster mode's shared parts: several nodes on one Postgres registry, no
-//! protocol of their own between them (ARCHITECTURE.md, "Cluster").
+//! protocol of their own between them: the registry and Kafka are the backbone.
 //!
 //! Owns: the connection to the registry database that the shared publish
 //! log and the watch use, cluster mode's settings, and whether this node

@@ -1,4 +1,5 @@
-//! Fan-out: per-channel positions and history, and delivery into session queues.
+//! herald-fanout, Herald's core without I/O (L1 of ARCHITECTURE.md, "Layers"):
+//! per-channel positions and history, and delivery into session queues.
 //! This file is the tenant's `Hub` (its channels, what its reader has read,
 //! subscribe, publish, sweep); one channel's state is in `channel.rs`.
 //!
@@ -124,7 +125,7 @@ pub struct HistoryLimits {
 }
 
 /// A message to publish into one channel.
-pub struct Outgoing<'a> {
+pub struct NewMessage<'a> {
     pub ch: &'a str,
     pub payload: &'a [u8],
     pub kind: PayloadKind,
@@ -358,7 +359,7 @@ impl Hub {
     /// every subscriber. Never waits on a socket.
     pub fn publish(
         &self,
-        msg: Outgoing<'_>,
+        msg: NewMessage<'_>,
         limits: HistoryLimits,
         now_ms: u64,
     ) -> (u64, PublishReport) {

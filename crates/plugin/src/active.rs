@@ -12,8 +12,8 @@
 
 use super::{
     check_session, classify, cut_denial, deadline_ticks, from_v1, Bound, ConnectRequest, Contract,
-    DeclaredHooks, Denial, Encoding, PluginError, PluginInfo, Prepared, Runtime, SandboxLimits,
-    Session, StoreState, EPOCH_TICK, LOGS_PER_CALL,
+    DeclaredHooks, Denial, Encoding, Grant, PluginError, PluginInfo, Prepared, Runtime,
+    SandboxLimits, StoreState, EPOCH_TICK, LOGS_PER_CALL,
 };
 use parking_lot::Mutex;
 use std::cell::Cell;
@@ -329,7 +329,7 @@ impl ActivePlugin {
     pub fn authorize_connect(
         &self,
         req: &ConnectRequest,
-    ) -> Result<Result<Session, Denial>, PluginError> {
+    ) -> Result<Result<Grant, Denial>, PluginError> {
         let r = self.call(|s, p| match p {
             Bound::V0_2(p) => p.herald_plugin_guest().call_authorize_connect(s, req),
             Bound::V0_1(p) => p
@@ -345,7 +345,7 @@ impl ActivePlugin {
 
     pub fn authorize_subscribe(
         &self,
-        session: &Session,
+        session: &Grant,
         channel: &str,
     ) -> Result<Result<(), Denial>, PluginError> {
         let r = self.call(|s, p| match p {
@@ -464,14 +464,14 @@ impl ActivePlugin {
     pub async fn authorize_connect_async(
         self: Arc<Self>,
         req: ConnectRequest,
-    ) -> Result<Result<Session, Denial>, PluginError> {
+    ) -> Result<Result<Grant, Denial>, PluginError> {
         self.run(Patience::Bounded, move |p| p.authorize_connect(&req))
             .await
     }
 
     pub async fn authorize_subscribe_async(
         self: Arc<Self>,
-        session: Arc<Session>,
+        session: Arc<Grant>,
         channel: String,
     ) -> Result<Result<(), Denial>, PluginError> {
         self.run(Patience::Bounded, move |p| {

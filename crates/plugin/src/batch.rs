@@ -70,10 +70,10 @@ pub fn encode_records(records: &[SourceRecord<'_>]) -> (Vec<u8>, Vec<u64>) {
 
 /// Records as 0.2.0's typed `list<source-record>`: each field copied into a
 /// value of its own (the cost the flat encoding avoids).
-pub fn typed_records(records: &[SourceRecord<'_>]) -> Vec<super::SourceRecord> {
+pub fn typed_records(records: &[SourceRecord<'_>]) -> Vec<super::TypedRecord> {
     records
         .iter()
-        .map(|r| super::SourceRecord {
+        .map(|r| super::TypedRecord {
             timestamp_ms: r.timestamp_ms,
             position: r.position.map_or(0, |p| p.number),
             key: r.key.map(<[u8]>::to_vec),
@@ -87,7 +87,7 @@ pub fn typed_records(records: &[SourceRecord<'_>]) -> Vec<super::SourceRecord> {
 /// 0.2.0's typed `list<outgoing>` in the flat encoding, so both are checked
 /// by [`decode_outgoing`] alike. A field too long for the encoding's u32
 /// lengths (impossible under any memory cap) fails the call.
-pub fn encode_outgoing(out: &[super::Outgoing]) -> (Vec<u8>, Vec<u32>) {
+pub fn encode_outgoing(out: &[super::TransformOutput]) -> (Vec<u8>, Vec<u32>) {
     let size: usize = out
         .iter()
         .map(|o| {

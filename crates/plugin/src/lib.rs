@@ -50,8 +50,13 @@ mod v1 {
     });
 }
 
+// The contract's names, except where they would say something else in the
+// host: its `session` is what authorize-connect grants a client, its
+// `outgoing` what a transform returns, its `source-record` the typed
+// contract's record (the host's own record is `batch::SourceRecord`).
 pub use self::v2::herald::plugin::types::{
-    ConnectRequest, Denial, Info, Outgoing, Session, SourceRecord,
+    ConnectRequest, Denial, Info, Outgoing as TransformOutput, Session as Grant,
+    SourceRecord as TypedRecord,
 };
 use self::v2::herald::plugin::types::{Hooks, Level};
 
@@ -496,7 +501,7 @@ pub struct PluginInfo {
 /// converts them on the way in and out (a few strings, per connect).
 mod from_v1 {
     use super::v1::herald::plugin::types as old;
-    use super::{ConnectRequest, Denial, Session};
+    use super::{ConnectRequest, Denial, Grant};
 
     pub fn request(r: &ConnectRequest) -> old::ConnectRequest {
         old::ConnectRequest {
@@ -509,7 +514,7 @@ mod from_v1 {
         }
     }
 
-    pub fn session_in(s: &Session) -> old::Session {
+    pub fn session_in(s: &Grant) -> old::Session {
         old::Session {
             subject: s.subject.clone(),
             audience: s.audience.clone(),
@@ -517,8 +522,8 @@ mod from_v1 {
         }
     }
 
-    pub fn session(s: old::Session) -> Session {
-        Session {
+    pub fn session(s: old::Session) -> Grant {
+        Grant {
             subject: s.subject,
             audience: s.audience,
             attributes: s.attributes,
@@ -534,7 +539,7 @@ mod from_v1 {
 }
 
 /// The WIT's rules for a session an authorize-connect grants.
-fn check_session(s: &Session) -> Result<(), PluginError> {
+fn check_session(s: &Grant) -> Result<(), PluginError> {
     let bad = |m: String| Err(PluginError::BadOutput(format!("authorize-connect: {m}")));
     if !(1..=256).contains(&s.subject.len()) {
         return bad(format!(

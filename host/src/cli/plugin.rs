@@ -11,7 +11,7 @@
 use crate::fanout::position::SourcePos;
 use crate::plugin::active::{Activation, ActivePlugin};
 use crate::plugin::batch::SourceRecord;
-use crate::plugin::{ConnectRequest, PluginError, SandboxLimits, Session};
+use crate::plugin::{ConnectRequest, Grant, PluginError, SandboxLimits};
 use anyhow::{bail, Context as _};
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{json, Value};
@@ -370,7 +370,7 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
                      "contract": p.info.contract, "hooks": p.info.hooks,
                      "transform_encoding": p.info.hooks.transform.then_some(p.info.encoding)},
     });
-    let mut session = Session {
+    let mut session = Grant {
         subject: "test".into(),
         audience: None,
         attributes: Vec::new(),

@@ -1,4 +1,6 @@
-//! The registry: tenants and settings in SQLite (embedded default) or Postgres.
+//! The registry: tenants, plugin versions, settings, source cursors, the
+//! cluster view and publish receipts, in SQLite (embedded default) or
+//! Postgres; cluster mode's shared publish log (`log.rs`, Postgres only).
 //!
 //! Owns: the schema (migrations under `migrations/sqlite` and
 //! `migrations/postgres`, the same tables on both) and every SQL statement.

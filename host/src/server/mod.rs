@@ -1,4 +1,7 @@
-//! The listener and the front door.
+//! The listener and the front door. This file: the front door's state
+//! ([`Server`]: the node and [`ServerSettings`]), reading a connection's first
+//! head and routing it, opening a WebSocket or SSE session once admitted
+//! (`admission.rs`); the accept loops are `accept.rs`, TLS `tls.rs`.
 //!
 //! Owns: accepting connections, reading each connection's first request head,
 //! and routing it: WebSocket upgrades and SSE streams become sessions here
@@ -203,7 +206,7 @@ fn retry_after_secs() -> u64 {
 /// the session the plugin granted.
 pub struct Admitted {
     pub slot: crate::tenant::ConnectionSlot,
-    pub session: Option<Arc<plugin::Session>>,
+    pub session: Option<Arc<plugin::Grant>>,
     /// The client's address (behind TLS, not the bridge's: server/tls.rs).
     pub remote: Option<SocketAddr>,
     /// The `Origin` it was admitted with: a change of the tenant's

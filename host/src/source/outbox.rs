@@ -1,6 +1,6 @@
 //! The `postgres_outbox` source: tails a tenant's outbox table in commit order.
 //! In cluster mode the same reader tails an `http` tenant's rows of the
-//! shared publish log (cluster/log.rs) in the registry database, on the
+//! shared publish log (registry/log.rs) in the registry database, on the
 //! cluster's pool, woken by the registry watch instead of a LISTEN of its own.
 //!
 //! Owns: connecting to the tenant's database, waking on NOTIFY (polling as

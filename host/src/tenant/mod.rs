@@ -1,5 +1,9 @@
-//! Tenants at run time: limits, access mode, publish key, connection counts,
-//! and each tenant's fan-out hub.
+//! Tenants at run time: `Tenant` (its settings as pure data, fan-out hub,
+//! conflation window, active plugin slot, publish bucket, sessions, counters)
+//! and `Tenants`, the live ones by id; `TenantSettings::from_record` turns a
+//! registry row into settings. limits.rs: limits, overrides, defaults;
+//! origins.rs: allowed origins and CORS; capacity.rs: process and tenant
+//! capacity, per-address bounds, RAII slots.
 //!
 //! Owns: the in-memory view of the registry's tenants and the per-tenant
 //! counters. Invariants: a tenant's `Hub` lives as long as the tenant, so an

@@ -14,8 +14,8 @@ const LIMITS: HistoryLimits = HistoryLimits {
     tenant_max_bytes: usize::MAX,
 };
 
-fn out(ch: &str) -> Outgoing<'_> {
-    Outgoing {
+fn out(ch: &str) -> NewMessage<'_> {
+    NewMessage {
         ch,
         payload: b"{\"v\":1}",
         kind: PayloadKind::Json,
@@ -415,7 +415,7 @@ fn closed_sessions_leave_the_channel() {
     let s = SessionHandle::new(Wire::Ws, 100, SlowConsumer::Disconnect, None);
     hub.subscribe("a", &s, None, LIMITS, 0, |_, _| {});
     let (_, r1) = hub.publish(
-        Outgoing {
+        NewMessage {
             payload: &[b'1'; 30],
             ..out("a")
         },
@@ -424,7 +424,7 @@ fn closed_sessions_leave_the_channel() {
     );
     assert_eq!(r1.delivered, 1);
     let (_, r2) = hub.publish(
-        Outgoing {
+        NewMessage {
             payload: &[b'1'; 30],
             ..out("a")
         },

@@ -1,9 +1,11 @@
 //! The socket half of a session: reading client frames, writing queued frames.
+//! This file: how a session ends ([`End`], close codes and reasons), a
+//! client's subscribe rights (the plugin's grant, authorize-subscribe).
 //!
-//! Owns: one connection after its handshake, for WebSocket (`ws.rs`: frame
-//! reader, client ops, pings) and SSE (`sse.rs`: one-way stream, `id:`
-//! positions) alike; both write through the same writer (`writer.rs`) and end
-//! through [`End`]. Invariants: an idle session holds no read or write buffer
+//! Owns: one connection after its handshake, for WebSocket (`ws.rs`: the
+//! session loop, pings; `ws/reader.rs`: frames and client ops) and SSE
+//! (`sse.rs`: one-way stream, `id:` positions) alike; both write through the
+//! same writer (`writer.rs`) and end through [`End`]. Invariants: an idle session holds no read or write buffer
 //! (reads go through a stack buffer inside a synchronous step; a partial frame
 //! is the only thing kept); everything queued is written with as few `writev`
 //! calls as possible; the session never waits on anything but its own socket,
@@ -19,7 +21,7 @@ pub use ws::run_ws;
 
 use crate::fanout::session::QueueClose;
 use crate::plugin::active::ActivePlugin;
-use crate::plugin::Session;
+use crate::plugin::Grant;
 use crate::proto::ws::close;
 use crate::tenant::{Access, Tenant};
 use std::sync::Arc;
@@ -115,11 +117,11 @@ fn check_subscribe(tenant: &Tenant) -> SubCheck {
 async fn ask_plugin(
     tenant: &Tenant,
     p: Arc<ActivePlugin>,
-    session: Option<Arc<Session>>,
+    session: Option<Arc<Grant>>,
     channel: &str,
 ) -> Result<(), SubRefusal> {
     let session = session.unwrap_or_else(|| {
-        Arc::new(Session {
+        Arc::new(Grant {
             subject: "anonymous".into(),
             audience: None,
             attributes: Vec::new(),
@@ -147,7 +149,7 @@ async fn ask_plugin(
 /// decides for "plugin" tenants).
 pub async fn authorize_subscribe(
     tenant: &Tenant,
-    session: Option<Arc<Session>>,
+    session: Option<Arc<Grant>>,
     channel: &str,
 ) -> Result<(), SubRefusal> {
     match check_subscribe(tenant) {

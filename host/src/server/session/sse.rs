@@ -6,7 +6,7 @@
 //! its first, what the client resumed from), so `Last-Event-ID` resumes them
 //! all, however the stream was cut.
 
-use super::writer::{finish, flush, interest, load_and_flush, Outbox};
+use super::writer::{finish, flush, interest, load_and_flush, Unwritten};
 use super::{queue_end, End, READ_BUDGET};
 use crate::clock::now_ms;
 use crate::fanout::queue::Wire;
@@ -107,7 +107,7 @@ pub async fn run_sse(app: Arc<Server>, stream: TcpStream, req: SseRequest, admit
         .metrics
         .subscriptions
         .increment(state.channels.len() as f64);
-    let mut out = Outbox::default();
+    let mut out = Unwritten::default();
     // Shutdown, deletion and access changes close the session through its
     // handle: no waiter of its own, no lock per frame.
     let registration = tenant.sessions.register(&handle);

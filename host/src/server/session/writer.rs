@@ -23,11 +23,11 @@ const MAX_IOV: usize = 64;
 
 /// Frames taken from the queue and not yet fully written.
 #[derive(Default)]
-pub(super) struct Outbox {
+pub(super) struct Unwritten {
     bufs: VecDeque<Bytes>,
 }
 
-impl Outbox {
+impl Unwritten {
     pub(super) fn is_empty(&self) -> bool {
         self.bufs.is_empty()
     }
@@ -69,7 +69,7 @@ impl Outbox {
 
 /// Best effort: sends what was pending and the final frame within a second,
 /// then closes the socket.
-pub(super) async fn finish(mut stream: TcpStream, mut out: Outbox, last: Option<Bytes>) {
+pub(super) async fn finish(mut stream: TcpStream, mut out: Unwritten, last: Option<Bytes>) {
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
         while let Some(b) = out.bufs.pop_front() {
             stream.write_all(&b).await?;
@@ -83,7 +83,7 @@ pub(super) async fn finish(mut stream: TcpStream, mut out: Outbox, last: Option<
 }
 
 /// Readable always; writable too while frames wait for socket space.
-pub(super) fn interest(out: &Outbox) -> Interest {
+pub(super) fn interest(out: &Unwritten) -> Interest {
     if out.is_empty() {
         Interest::READABLE
     } else {
@@ -91,7 +91,7 @@ pub(super) fn interest(out: &Outbox) -> Interest {
     }
 }
 
-pub(super) fn flush(stream: &TcpStream, out: &mut Outbox, tenant: &Tenant) -> Result<(), End> {
+pub(super) fn flush(stream: &TcpStream, out: &mut Unwritten, tenant: &Tenant) -> Result<(), End> {
     let mut writes = 0;
     let r = out.flush(stream, &mut writes);
     tenant.metrics.writes.increment(writes);
@@ -104,7 +104,7 @@ pub(super) fn flush(stream: &TcpStream, out: &mut Outbox, tenant: &Tenant) -> Re
 pub(super) fn load_and_flush(
     stream: &TcpStream,
     handle: &SessionHandle,
-    out: &mut Outbox,
+    out: &mut Unwritten,
     tenant: &Tenant,
     sse: Option<&mut SseState>,
 ) -> Result<(), End> {
@@ -118,7 +118,7 @@ pub(super) fn load_and_flush(
 pub(super) fn send_queued(
     stream: &TcpStream,
     items: VecDeque<Item>,
-    out: &mut Outbox,
+    out: &mut Unwritten,
     tenant: &Tenant,
     mut sse: Option<&mut SseState>,
 ) -> Result<(), End> {
@@ -161,7 +161,7 @@ pub(super) fn send_queued(
 fn write_direct(
     stream: &TcpStream,
     items: VecDeque<Item>,
-    out: &mut Outbox,
+    out: &mut Unwritten,
     tenant: &Tenant,
 ) -> Result<(), End> {
     fn bytes(i: &Item) -> &Bytes {

@@ -5,13 +5,13 @@
 //! waits for the plugin stops decoding until it is settled; a client silent
 //! for two heartbeats is closed with 4002, one that answers pings never is.
 
-use super::writer::{finish, flush, interest, load_and_flush, send_queued, Outbox};
+use super::writer::{finish, flush, interest, load_and_flush, send_queued, Unwritten};
 use super::{ask_plugin, check_subscribe, queue_end, End, SubCheck, SubRefusal, READ_BUDGET};
 use crate::clock::now_ms;
 use crate::fanout::queue::Wire;
 use crate::fanout::session::{SessionHandle, SessionInfo};
 use crate::plugin::active::ActivePlugin;
-use crate::plugin::Session;
+use crate::plugin::Grant;
 use crate::proto::ws::{self, close, Assembler, FrameError, Message, Role};
 use crate::proto::{self, ClientOp, ErrorCode};
 use crate::ratelimit::{OpBudget, OpVerdict};
@@ -49,7 +49,7 @@ struct WsReader {
     incomplete_since: Option<Instant>,
     assembler: Assembler,
     /// Who the tenant's plugin said this connection is.
-    session: Option<Arc<Session>>,
+    session: Option<Arc<Grant>>,
     /// Client operations left (every text, binary and ping frame costs one).
     ops: OpBudget,
 }
@@ -113,7 +113,7 @@ struct WsSession {
     handle: Arc<SessionHandle>,
     limits: SessionLimits,
     reader: WsReader,
-    out: Outbox,
+    out: Unwritten,
     /// Its key in the tenant's session registry.
     registration: usize,
     /// When the client last sent a byte (a pong counts).
@@ -127,7 +127,7 @@ impl WsSession {
     /// the source's status if it is stalled.
     fn open(
         tenant: Arc<Tenant>,
-        session: Option<Arc<Session>>,
+        session: Option<Arc<Grant>>,
         early: Vec<u8>,
         frame_deadline: Duration,
         remote: Option<std::net::SocketAddr>,
@@ -175,7 +175,7 @@ impl WsSession {
                 session,
                 ops: OpBudget::new(ops_burst, Instant::now()),
             },
-            out: Outbox::default(),
+            out: Unwritten::default(),
             registration,
             last_seen: Instant::now(),
             parked: false,

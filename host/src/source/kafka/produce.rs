@@ -1,4 +1,4 @@
-//! HTTP publish into a Kafka tenant's topic (DESIGN.md, "Scale-out"): the
+//! HTTP publish into a Kafka tenant's topic (ARCHITECTURE.md, "Positions"): the
 //! message lands in the source every node reads, and reaches subscribers
 //! only through the consumer, at the record's position — the same `seq` on
 //! every node, the receiving one included.
