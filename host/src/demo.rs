@@ -111,7 +111,9 @@ pub async fn publish(app: Arc<Node>, every: Duration) {
             })
             .collect();
         let body = serde_json::Value::Array(items).to_string();
-        if let Err(e) = crate::publish::publish(&app.sources, &tenant, body.as_bytes(), None).await
+        if let Err(e) =
+            crate::publish::publish(&app.sources, &app.registry, &tenant, body.as_bytes(), None)
+                .await
         {
             tracing::debug!(error = %e, "demo publisher: tick not published");
         }

@@ -97,8 +97,7 @@ impl Node {
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
         let sources = crate::source::Sources::new(crate::source::SourceContext {
-            registry: registry.clone(),
-            node_id: node_id.clone(),
+            cursors: crate::registry::cursors::CursorStore::new(registry.clone(), &node_id),
             log: cluster.as_ref().map(|c| c.log.clone()),
             log_kafka: cluster.as_ref().and_then(|c| c.config.kafka.clone()),
             shutdown: shutdown.clone(),

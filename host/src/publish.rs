@@ -158,6 +158,7 @@ pub fn read_items(
 /// (and of the demo's built-in publisher), whatever the tenant's source.
 pub async fn publish(
     sources: &Sources,
+    receipts: &Registry,
     tenant: &Arc<Tenant>,
     body: &[u8],
     key: Option<&str>,
@@ -191,7 +192,7 @@ pub async fn publish(
         return Err(PublishError::RateLimited(wait));
     }
     if let Some(kafka) = kafka {
-        return produced(sources, &kafka, tenant, &items, batch, key).await;
+        return produced(receipts, &kafka, tenant, &items, batch, key).await;
     }
     if let Some(log) = &sources.ctx.log {
         return logged(log, tenant, &items, batch, key).await;
@@ -249,7 +250,7 @@ const READER_START_WAIT: std::time::Duration = std::time::Duration::from_secs(5)
 /// brokers acknowledged every record; every node delivers it from there at
 /// offset + 1.
 async fn produced(
-    sources: &Sources,
+    receipts: &Registry,
     kafka: &Publisher,
     tenant: &Tenant,
     items: &[PublishItem],
@@ -274,7 +275,7 @@ async fn produced(
             .publish(&outgoing(items))
             .await
             .map_err(produce_error)?,
-        Some(key) => produced_once(&sources.ctx.registry, kafka, tenant, items, key).await?,
+        Some(key) => produced_once(receipts, kafka, tenant, items, key).await?,
     };
     let placed = written.iter().map(|w| {
         let at = serde_json::json!({"partition": w.partition, "offset": w.offset});

@@ -92,7 +92,7 @@ async fn forget(app: &Node, id: &str) -> Change {
         Some(t) => {
             t.shut();
             source::stopped(&app.sources, id, true).await;
-            if let Err(e) = app.registry.delete_cursors(id, &app.node_id).await {
+            if let Err(e) = app.sources.ctx.cursors.forget(id).await {
                 tracing::warn!(tenant = %id, error = %e, "the deleted tenant's positions on this node could not be deleted; a tenant made again under its id may start where it stopped");
             }
             app.evict_compiled();

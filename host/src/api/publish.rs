@@ -138,7 +138,9 @@ pub(super) async fn publish(
         Err(_) => return Err(ApiError::BodyTimeout(BODY_TIMEOUT)),
     };
     let key = idempotency_key(&parts.headers)?;
-    let published = crate::publish::publish(&app.sources, &tenant, &body, key.as_deref()).await?;
+    let published =
+        crate::publish::publish(&app.sources, &app.registry, &tenant, &body, key.as_deref())
+            .await?;
     Ok((StatusCode::OK, Json(published.body())).into_response())
 }
 

@@ -13,6 +13,7 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 use std::path::Path;
 
+pub mod cursors;
 pub mod log;
 mod receipts;
 pub use receipts::Claim;

@@ -295,7 +295,7 @@ impl Reader {
         // Checked on every start, not only when the source was set: a source
         // stored by an older Herald stalls with the reason, unstarted.
         self.options.check()?;
-        let group = format!("herald-{}-{}", self.tenant.id, self.ctx.node_id);
+        let group = format!("herald-{}-{}", self.tenant.id, self.ctx.cursors.node());
         let ctx = Ctx {
             tenant: self.tenant.clone(),
             health: self.health.clone(),
@@ -327,8 +327,8 @@ impl Reader {
         for k in keys {
             stored = self
                 .ctx
-                .registry
-                .cursor(&self.tenant.id, &self.ctx.node_id, &k)
+                .cursors
+                .get(&self.tenant.id, &k)
                 .await
                 .map_err(|e| e.to_string())?
                 .and_then(|s| serde_json::from_str::<BTreeMap<String, i64>>(&s).ok())
@@ -510,13 +510,8 @@ impl Reader {
 
     async fn save(&self, encoded: &str) -> Result<(), String> {
         self.ctx
-            .registry
-            .put_cursor(
-                &self.tenant.id,
-                &self.ctx.node_id,
-                &self.source_key(),
-                encoded,
-            )
+            .cursors
+            .put(&self.tenant.id, &self.source_key(), encoded)
             .await
             .map_err(|e| format!("storing positions: {e}"))?;
         *self.saved.lock() = Instant::now();

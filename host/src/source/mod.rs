@@ -17,8 +17,8 @@ pub mod outbox;
 
 use crate::clock::now_ms;
 use crate::proto;
+use crate::registry::cursors::CursorStore;
 use crate::registry::log::SharedLog;
-use crate::registry::Registry;
 use crate::tenant::Tenant;
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
@@ -34,8 +34,7 @@ use tokio_util::task::TaskTracker;
 /// every cursor's key), cluster mode's shared log, and the node's stop token
 /// and task tracker (every reader is a child of them).
 pub struct SourceContext {
-    pub registry: Registry,
-    pub node_id: String,
+    pub cursors: CursorStore,
     /// Cluster mode: `http` tenants read the shared publish log.
     pub log: Option<Arc<SharedLog>>,
     /// Cluster mode with `--cluster-kafka`: `http` tenants' publish topics.
@@ -526,6 +525,7 @@ pub async fn start(
                     ctx.clone(),
                     tenant.clone(),
                     log.clone(),
+                    created_at_ms,
                     health.clone(),
                     stop.clone(),
                 );

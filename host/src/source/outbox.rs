@@ -209,6 +209,9 @@ pub struct Reader {
     poll: Duration,
     /// The source's `generation`: part of the cursor's registry key.
     generation: u32,
+    /// When the tenant was made (a log reader without a cursor starts no
+    /// earlier than that).
+    created_at_ms: i64,
     health: Arc<Mutex<Health>>,
     stop: CancellationToken,
 }
@@ -239,6 +242,7 @@ impl Reader {
             batch: batch_size.unwrap_or(1000).clamp(1, 10_000),
             poll: Duration::from_millis(poll_ms.unwrap_or(1000).clamp(10, 60_000)),
             generation,
+            created_at_ms: 0,
             health,
             stop,
         }
@@ -249,6 +253,7 @@ impl Reader {
         ctx: Arc<SourceContext>,
         tenant: Arc<Tenant>,
         log: Arc<crate::registry::log::SharedLog>,
+        created_at_ms: i64,
         health: Arc<Mutex<Health>>,
         stop: CancellationToken,
     ) -> Reader {
@@ -260,6 +265,7 @@ impl Reader {
             batch: 1000,
             poll: LOG_POLL,
             generation: 0,
+            created_at_ms,
             health,
             stop,
         }

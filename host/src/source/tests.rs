@@ -85,10 +85,12 @@ fn a_generation_names_another_position_space() {
 async fn every_reader_stops_under_one_deadline() {
     let dir = tempfile::tempdir().unwrap();
     let sources = Sources::new(SourceContext {
-        registry: crate::registry::Registry::open(None, dir.path())
-            .await
-            .unwrap(),
-        node_id: "n".into(),
+        cursors: crate::registry::cursors::CursorStore::new(
+            crate::registry::Registry::open(None, dir.path())
+                .await
+                .unwrap(),
+            "n",
+        ),
         log: None,
         log_kafka: None,
         shutdown: CancellationToken::new(),

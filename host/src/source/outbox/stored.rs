@@ -71,13 +71,13 @@ impl Reader {
         key: &str,
     ) -> Result<(Cursor, bool), OutboxError> {
         let registry_err = |e| OutboxError::Query(format!("reading the cursor: {e}"));
-        let (tenant, node) = (&self.tenant.id, &self.ctx.node_id);
+        let tenant = &self.tenant.id;
         let old_key = format!("outbox:{}", self.table);
         let mut taken_over = false;
         let mut stored = self
             .ctx
-            .registry
-            .cursor(tenant, node, key)
+            .cursors
+            .get(tenant, key)
             .await
             .map_err(registry_err)?
             .as_deref()
@@ -85,8 +85,8 @@ impl Reader {
         if stored.is_none() && self.generation == 0 {
             stored = self
                 .ctx
-                .registry
-                .cursor(tenant, node, &old_key)
+                .cursors
+                .get(tenant, &old_key)
                 .await
                 .map_err(registry_err)?
                 .as_deref()
@@ -141,8 +141,8 @@ impl Reader {
         self.store_cursor(key, &cursor).await?;
         if taken_over {
             self.ctx
-                .registry
-                .put_cursor(tenant, node, &old_key, &format!("moved to {key}"))
+                .cursors
+                .put(tenant, &old_key, &format!("moved to {key}"))
                 .await
                 .map_err(|e| OutboxError::Query(format!("storing the cursor: {e}")))?;
         }
@@ -160,10 +160,7 @@ impl Reader {
         if !matches!(self.origin, Origin::Log(_)) {
             return Ok(None);
         }
-        let created = match self.ctx.registry.get_tenant(&self.tenant.id).await {
-            Ok(t) => t.created_at_ms,
-            Err(e) => return Err(OutboxError::Query(format!("reading the tenant: {e}"))),
-        };
+        let created = self.created_at_ms;
         let before: Option<(String, i64)> = sqlx::query_as(
             "SELECT xid::text, id FROM herald_publish_log WHERE tenant_id = $1 \
              AND created_at < greatest(to_timestamp($2::float8 / 1000), now() - make_interval(secs => $3)) \
@@ -189,8 +186,8 @@ impl Reader {
 
     pub(super) async fn store_cursor(&self, key: &str, cursor: &Cursor) -> Result<(), OutboxError> {
         self.ctx
-            .registry
-            .put_cursor(&self.tenant.id, &self.ctx.node_id, key, &cursor.encode())
+            .cursors
+            .put(&self.tenant.id, key, &cursor.encode())
             .await
             .map_err(|e| OutboxError::Query(format!("storing the cursor: {e}")))
     }
