@@ -28,11 +28,13 @@ use std::time::{Duration, Instant};
 mod capacity;
 mod limits;
 mod origins;
+mod plugin_slot;
 
 pub use crate::fanout::registry::SessionRegistry;
 pub use capacity::{Capacity, ConnectionSlot, DoorSlot, PerAddress, Refusal};
 pub use limits::{LimitOverrides, TenantLimits, PUBLIC_PER_ADDRESS, PUBLIC_SHARE_PERCENT};
 pub use origins::{cors_headers, parse_origins, Headers, OriginCheck};
+pub use plugin_slot::{PluginSlot, PluginState};
 
 /// Who may connect and subscribe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -111,19 +113,8 @@ pub struct Tenant {
     /// close them; no per-session waiter needed.
     pub sessions: SessionRegistry,
     pub metrics: TenantMetrics,
-    /// The active plugin version; swapped whole, so calls in flight finish on
-    /// the version they started with.
-    plugin: RwLock<Option<Arc<ActivePlugin>>>,
-    /// The version the registry says is active (0: none). While the loaded
-    /// one is not it, the tenant refuses connections, publishes and source
-    /// records (`plugin_unavailable`): it never runs as if it had no plugin.
-    wanted_plugin: std::sync::atomic::AtomicI64,
-    /// The sha256 of the version the active one replaced: kept compiled for
-    /// a rollback, beside the active one (`PluginHost::evict_compiled`).
-    previous_plugin: Mutex<Option<String>>,
-    /// A load of the wanted version is running in the background (at
-    /// start): refusals say `plugin_loading`, not `plugin_unavailable`.
-    plugin_loading: AtomicBool,
+    /// The active plugin and the version the registry wants.
+    plugin: PluginSlot,
     /// Keyed messages waiting for the conflation window to close.
     pub conflator: Mutex<Conflator>,
     /// When the conflation window last closed.
@@ -158,10 +149,7 @@ impl Tenant {
             rate: Mutex::new(rate),
             sessions: SessionRegistry::default(),
             metrics: TenantMetrics::new(id),
-            plugin: RwLock::new(None),
-            wanted_plugin: std::sync::atomic::AtomicI64::new(0),
-            previous_plugin: Mutex::new(None),
-            plugin_loading: AtomicBool::new(false),
+            plugin: PluginSlot::default(),
             conflator: Mutex::new(Conflator::with_limits(
                 crate::fanout::conflate::MAX_HELD,
                 window_bytes,
@@ -175,37 +163,26 @@ impl Tenant {
     }
 
     pub fn plugin(&self) -> Option<Arc<ActivePlugin>> {
-        self.plugin.read().clone()
+        self.plugin.active()
+    }
+
+    /// Where the tenant's plugin stands ([`PluginState`]).
+    pub fn plugin_state(&self) -> PluginState {
+        self.plugin.state()
     }
 
     /// Records the version the registry says is active (it failed to load
     /// here, or it is the one running).
     pub fn set_wanted_plugin(&self, version: Option<i64>) {
-        let _g = self.plugin.write();
-        self.wanted_plugin
-            .store(version.unwrap_or(0), Ordering::Release);
+        self.plugin.want(version);
     }
 
     /// Makes `p` the active plugin and the one the registry wants, in one
-    /// step: nobody sees the one without the other.
+    /// step: nobody sees the one without the other. On a plugin tenant, the
+    /// sessions the old version admitted are authorized again by the new one.
     pub fn activate(&self, p: Option<Arc<ActivePlugin>>) -> Option<Arc<ActivePlugin>> {
-        let mut g = self.plugin.write();
-        self.wanted_plugin
-            .store(p.as_ref().map_or(0, |p| p.version), Ordering::Release);
-        let old = std::mem::replace(&mut *g, p);
-        let same = |a: &Option<Arc<ActivePlugin>>, b: &Option<Arc<ActivePlugin>>| {
-            a.as_ref().map(|p| &p.sha256) == b.as_ref().map(|p| &p.sha256)
-        };
-        if old.is_some() && !same(&old, &g) {
-            *self.previous_plugin.lock() = old.as_ref().map(|p| p.sha256.clone());
-        }
-        let version = |p: &Option<Arc<ActivePlugin>>| p.as_ref().map(|p| p.version);
-        let revoke = old.is_some()
-            && version(&old) != version(&g)
-            && self.settings.read().access == Access::Plugin;
-        drop(g);
-        if revoke {
-            // Sessions the old version admitted are authorized again by the new one.
+        let (old, changed) = self.plugin.activate(p);
+        if changed && self.settings.read().access == Access::Plugin {
             self.sessions.close_all(QueueClose::Reauthorize, false);
         }
         old
@@ -213,29 +190,24 @@ impl Tenant {
 
     /// The sha256s of the components this tenant runs or may roll back to.
     pub fn plugin_shas(&self) -> impl Iterator<Item = String> {
-        let active = self.plugin().map(|p| p.sha256.clone());
-        let previous = self.previous_plugin.lock().clone();
-        active.into_iter().chain(previous)
+        self.plugin.shas()
     }
 
     /// Marks a background load of the wanted version as running or done.
     pub fn set_plugin_loading(&self, loading: bool) {
-        self.plugin_loading.store(loading, Ordering::Release);
+        self.plugin.set_loading(loading);
     }
 
     /// Whether the wanted version is still being loaded (at start).
     pub fn plugin_loading(&self) -> bool {
-        self.plugin_loading.load(Ordering::Acquire)
+        matches!(self.plugin.state(), PluginState::Loading(_))
     }
 
     /// The active version when it is not the one loaded here.
     pub fn plugin_unavailable(&self) -> Option<i64> {
-        let g = self.plugin.read();
-        let wanted = self.wanted_plugin.load(Ordering::Acquire);
-        match &*g {
-            _ if wanted == 0 => None,
-            Some(p) if p.version == wanted => None,
-            _ => Some(wanted),
+        match self.plugin.state() {
+            PluginState::Loading(v) | PluginState::Unavailable(v) => Some(v),
+            PluginState::None | PluginState::Serving(_) => None,
         }
     }
 
