@@ -3,7 +3,11 @@
 # starts a throwaway PostgreSQL cluster (initdb into a temp dir, as the
 # postgres user, stopped again on exit), builds the plugin components, then
 # runs the SDK's and every workspace test with the Postgres registry tests
-# required rather than skipped.
+# required rather than skipped (the browser test, schemathesis and the
+# Autobahn testsuite against Herald's WebSocket session path included).
+#
+# Every step runs under `timeout` and prints how long it took; the end prints
+# where the time went (also on failure). A step over its bound fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,72 +16,127 @@ PG_PORT="${HERALD_TEST_PG_PORT:-55432}"
 
 log() { printf '\n== %s\n' "$*"; }
 
-log "toolchain"
-rustup target add wasm32-wasip2 >/dev/null 2>&1 || rustup target add wasm32-wasip2
-if ! pkg-config --exists openssl 2>/dev/null; then
-    log "installing OpenSSL headers (librdkafka is built with TLS for the Kafka source)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libssl-dev pkg-config >/dev/null
-fi
+STEPS=()
+summary() {
+    if [ "${#STEPS[@]}" -gt 0 ]; then
+        printf '\n== where the time went\n'
+        printf '%s\n' "${STEPS[@]}"
+    fi
+}
 
-newest_pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
-if [ ! -x "$PG_BIN/initdb" ] && [ -x "$(newest_pg_bin)/initdb" ]; then
-    PG_BIN="$(newest_pg_bin)"
-fi
+# step NAME SECONDS COMMAND...: runs COMMAND under a bound, records its time.
+step() {
+    local name="$1" secs="$2"
+    shift 2
+    log "$name (at most ${secs} s)"
+    local t0=$SECONDS rc=0
+    timeout --kill-after=30 "$secs" "$@" || rc=$?
+    local took=$((SECONDS - t0))
+    if [ "$rc" -ne 0 ]; then
+        local why="exit $rc"
+        [ "$rc" -eq 124 ] && why="over its bound of ${secs} s"
+        STEPS+=("$(printf '%6d s  %s  FAILED (%s)' "$took" "$name" "$why")")
+        printf '\n== %s FAILED (%s) after %d s\n' "$name" "$why" "$took"
+        exit 1
+    fi
+    STEPS+=("$(printf '%6d s  %s' "$took" "$name")")
+    printf '== %s: %d s\n' "$name" "$took"
+}
+
+toolchain() {
+    rustup target add wasm32-wasip2 >/dev/null 2>&1 || rustup target add wasm32-wasip2
+    if ! pkg-config --exists openssl 2>/dev/null; then
+        echo "installing OpenSSL headers (librdkafka is built with TLS for the Kafka source)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libssl-dev pkg-config >/dev/null
+    fi
+    newest_pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+    if [ ! -x "$PG_BIN/initdb" ] && [ ! -x "$(newest_pg_bin)/initdb" ]; then
+        echo "installing PostgreSQL (initdb not found in $PG_BIN)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    fi
+    if [ ! -x /usr/bin/chromium ]; then
+        echo "installing Chromium from Debian (the browser test; nothing downloads a browser)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    fi
+}
+export -f toolchain
+export PG_BIN
+step "toolchain (wasm target, OpenSSL headers, PostgreSQL, Chromium)" 900 bash -c toolchain
+
 if [ ! -x "$PG_BIN/initdb" ]; then
-    log "installing PostgreSQL (initdb not found in $PG_BIN)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
-    PG_BIN="$(newest_pg_bin)"
+    PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
 fi
-
 # The outbox tests start clusters of their own with the same binaries.
 export PG_BIN
 
 PG_DIR="$(mktemp -d /tmp/herald-pg.XXXXXX)"
 PG_STARTED=0
 cleanup() {
+    local rc=$?
     if [ "$PG_STARTED" = 1 ]; then
         runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast stop >/dev/null 2>&1 || true
     fi
     rm -rf "$PG_DIR"
+    summary
+    exit "$rc"
 }
 trap cleanup EXIT
 
-log "throwaway PostgreSQL on 127.0.0.1:$PG_PORT"
-chown postgres "$PG_DIR"
-runuser -u postgres -- "$PG_BIN/initdb" -D "$PG_DIR/data" -A trust -U postgres >/dev/null
-runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w \
-    -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1" start >/dev/null
+# A throwaway cluster; a port some other process holds is skipped (the next
+# of ten is tried), so a leftover server cannot fail the run.
+start_pg() {
+    chown postgres "$PG_DIR"
+    runuser -u postgres -- "$PG_BIN/initdb" -D "$PG_DIR/data" -A trust -U postgres >/dev/null
+    local port
+    for port in $(seq "$PG_PORT" $((PG_PORT + 9))); do
+        if runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w -t 60 \
+            -o "-p $port -k $PG_DIR -c listen_addresses=127.0.0.1" start >/dev/null; then
+            echo "$port" > "$PG_DIR/port"
+            runuser -u postgres -- "$PG_BIN/createdb" -h "$PG_DIR" -p "$port" herald_test
+            return 0
+        fi
+        echo "port $port: PostgreSQL did not start ($(tail -1 "$PG_DIR/log" 2>/dev/null)); trying the next"
+    done
+    return 1
+}
+export -f start_pg
+export PG_DIR PG_PORT
 PG_STARTED=1
-runuser -u postgres -- "$PG_BIN/createdb" -h "$PG_DIR" -p "$PG_PORT" herald_test
+step "throwaway PostgreSQL on 127.0.0.1:$PG_PORT (or the next free port)" 180 bash -c start_pg
+PG_PORT="$(cat "$PG_DIR/port")"
 export HERALD_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:$PG_PORT/herald_test"
 export HERALD_REQUIRE_POSTGRES=1
 
-log "benchmark peers (nginx + nchan from Debian, Python websockets from PyPI) for the bench smoke runs"
-bash bench/peers/install.sh
+step "benchmark peers (nginx + nchan from Debian, Python websockets from PyPI) for the bench smoke runs" \
+    900 bash bench/peers/install.sh
 
-log "plugins (wasm32-wasip2 components the integration tests load)"
-./plugins/build.sh
+step "plugins (wasm32-wasip2 components the integration tests load)" 1200 ./plugins/build.sh
 
-log "the example plugin in Python, JavaScript and C (the conformance suite's components)"
-./plugins/example/build.sh
+step "the example plugin in Python, JavaScript and C (the conformance suite's components)" \
+    1200 ./plugins/example/build.sh
 
-log "browser test toolchain (Chromium from Debian, playwright-core from npm; nothing downloads a browser)"
-if [ ! -x /usr/bin/chromium ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-fi
-(cd clients/js/test && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+step "browser test driver (playwright-core from npm)" 600 \
+    bash -c 'cd clients/js/test && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error'
 export HERALD_REQUIRE_BROWSER=1
 
-log "schemathesis (an API fuzzer, from PyPI) for the OpenAPI smoke run"
 ST_VENV="${HERALD_ST_VENV:-$HOME/.cache/herald/schemathesis-4.32.5}"
-if [ ! -x "$ST_VENV/bin/st" ]; then
-    python3 -m venv "$ST_VENV"
-    "$ST_VENV/bin/pip" install -q 'schemathesis==4.32.5'
-fi
+install_schemathesis() {
+    if [ ! -x "$ST_VENV/bin/st" ]; then
+        python3 -m venv "$ST_VENV"
+        "$ST_VENV/bin/pip" install -q 'schemathesis==4.32.5'
+    fi
+}
+export -f install_schemathesis
+export ST_VENV
+step "schemathesis (an API fuzzer, from PyPI) for the OpenAPI smoke run" 600 bash -c install_schemathesis
 export HERALD_SCHEMATHESIS="$ST_VENV/bin/st" HERALD_REQUIRE_SCHEMATHESIS=1
 
-log "sdk unit tests"
-(cd sdk && cargo test --locked)
+export AB_DIR="${HERALD_AUTOBAHN_DIR:-$HOME/.cache/herald/autobahntestsuite-0.8.2}"
+step "Autobahn testsuite 0.8.2 (PyPI) under Python 2.7" 900 bash scripts/autobahn-install.sh
+# tests/it/autobahn.rs runs its fuzzing client against Herald's session path.
+export HERALD_AUTOBAHN="$AB_DIR/wstest" HERALD_REQUIRE_AUTOBAHN=1
 
-log "cargo test"
-cargo test --workspace --locked
+step "sdk unit tests" 900 bash -c 'cd sdk && cargo test --locked'
+
+step "cargo test (every workspace crate: unit, integration, layers, bench smoke, browser, schemathesis, Autobahn)" \
+    3600 cargo test --workspace --locked

@@ -166,6 +166,11 @@ pub struct ServeArgs {
     /// the listen address).
     #[arg(long, env = "HERALD_ADVERTISE")]
     pub advertise: Option<String>,
+    /// The Autobahn testsuite's testee: this tenant's WebSocket sessions
+    /// echo every text and binary message instead of reading client
+    /// operations. For the test command only.
+    #[arg(long, env = "HERALD_ECHO_TENANT", hide = true)]
+    pub echo_tenant: Option<String>,
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "HERALD_LOG", default_value = "info")]
     pub log: String,
@@ -297,6 +302,8 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     /// Shown in the cluster view; `None`: the listen address.
     pub advertise: Option<String>,
+    /// `--echo-tenant` (the Autobahn testee; hidden).
+    pub echo_tenant: Option<String>,
 }
 
 /// How a stopping node lets its clients go (`--drain-wait-secs`,
@@ -440,6 +447,7 @@ impl ServeArgs {
         let config = Config {
             cluster,
             advertise: self.advertise.clone(),
+            echo_tenant: self.echo_tenant.clone(),
             data_dir: self.data_dir.clone(),
             admin_listen: self.admin_listen,
             database_url: self.database_url.clone(),
@@ -521,6 +529,7 @@ impl Config {
             socket_send_buffer: self.socket_send_buffer,
             max_pending_connections: self.max_pending_connections,
             max_pending_per_address: self.max_pending_per_address,
+            echo_tenant: self.echo_tenant.clone(),
         }
     }
 

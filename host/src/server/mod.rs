@@ -52,6 +52,9 @@ pub struct ServerSettings {
     /// TLS handshakes in progress, in all and per client address (0: no bound).
     pub max_pending_connections: usize,
     pub max_pending_per_address: usize,
+    /// `--echo-tenant`: this tenant's WebSocket sessions echo what they are
+    /// sent (the Autobahn testsuite's testee; never set in production).
+    pub echo_tenant: Option<String>,
 }
 
 /// The front door's state: the node it admits sessions to and its settings.
@@ -80,6 +83,7 @@ impl Server {
                 socket_send_buffer: None,
                 max_pending_connections: 16_384,
                 max_pending_per_address: 0,
+                echo_tenant: None,
             },
         })
     }

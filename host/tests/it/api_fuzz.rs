@@ -34,7 +34,9 @@ async fn generated_requests_get_no_5xx_and_documented_answers() {
     .unwrap();
     let url = h.url("/admin/v1/openapi.json");
     let out = tokio::task::spawn_blocking(move || {
-        Command::new(st)
+        // The whole run under one bound: a hang is a failure, not a stuck run.
+        Command::new("timeout")
+            .args(["--kill-after=10", "600", &st])
             .args(["run", &url])
             .args(["-H", &format!("Authorization: Bearer {ADMIN}")])
             .args(["-c", "not_a_server_error,response_schema_conformance"])

@@ -1,6 +1,7 @@
 //! Integration tests: one binary, real sockets, a real registry.
 
 mod api_fuzz;
+mod autobahn;
 mod bad_input;
 mod browser;
 mod cli;

@@ -38,6 +38,9 @@ struct SessionLimits {
     max_message_bytes: usize,
     ops_per_sec: f64,
     ops_burst: u32,
+    /// The Autobahn testee (`--echo-tenant`): text and binary messages are
+    /// sent back as they came instead of being read as client operations.
+    echo: bool,
 }
 
 /// State of a WebSocket session's reader.
@@ -83,21 +86,9 @@ async fn settle(
 /// Runs a WebSocket session until it ends. `early` holds bytes the client
 /// sent right after its handshake request.
 pub async fn run_ws(app: Arc<Server>, stream: TcpStream, early: Vec<u8>, admitted: Admitted) {
-    let Admitted {
-        slot,
-        session,
-        remote,
-        origin,
-    } = admitted;
-    let mut s = WsSession::open(
-        slot.tenant.clone(),
-        session,
-        early,
-        app.settings.head_timeout,
-        remote,
-        origin,
-        &app.sources,
-    );
+    let tenant = admitted.slot.tenant.clone();
+    let mut s = WsSession::open(&app, tenant, &admitted, early);
+    let slot = admitted.slot;
     let end = match s.read_early().await {
         Ok(()) => s.serve(&stream, app.settings.heartbeat).await,
         Err(end) => end,
@@ -126,14 +117,19 @@ impl WsSession {
     /// Makes the session's queue, registers it with its tenant and queues
     /// the source's status if it is stalled.
     fn open(
+        server: &Server,
         tenant: Arc<Tenant>,
-        session: Option<Arc<Grant>>,
+        admitted: &Admitted,
         early: Vec<u8>,
-        frame_deadline: Duration,
-        remote: Option<std::net::SocketAddr>,
-        origin: Option<Box<str>>,
-        sources: &crate::source::Sources,
     ) -> WsSession {
+        let (session, remote, origin) = (
+            admitted.session.clone(),
+            admitted.remote,
+            admitted.origin.clone(),
+        );
+        let frame_deadline = server.settings.head_timeout;
+        let sources = &server.sources;
+        let echo = server.settings.echo_tenant.as_deref() == Some(&*tenant.id);
         let settings = tenant.settings();
         let ops_burst = settings.limits.client_ops_burst;
         let limits = SessionLimits {
@@ -143,6 +139,7 @@ impl WsSession {
             max_message_bytes: settings.limits.max_message_bytes,
             ops_per_sec: settings.limits.client_ops_per_sec,
             ops_burst: settings.limits.client_ops_burst,
+            echo,
         };
         let audience = session
             .as_ref()

@@ -126,6 +126,22 @@ impl WsReader {
                 .push(head, payload, limits.max_message_bytes)
                 .map_err(|e| frame_error(e, tenant))?;
             used += head.frame_len();
+            if limits.echo {
+                match msg {
+                    Some(Message::Text(t)) => {
+                        handle.deliver_raw(ws::encode_frame(ws::OpCode::Text, &t));
+                    }
+                    Some(Message::Binary(b)) => {
+                        handle.deliver_raw(ws::encode_frame(ws::OpCode::Binary, &b));
+                    }
+                    Some(Message::Ping(p)) => {
+                        handle.deliver_raw(ws::encode_frame(ws::OpCode::Pong, &p));
+                    }
+                    Some(Message::Close(code)) => return Err(End::PeerClosed(code)),
+                    None | Some(Message::Pong) => {}
+                }
+                continue;
+            }
             if matches!(
                 msg,
                 Some(Message::Text(_) | Message::Binary(_) | Message::Ping(_))
