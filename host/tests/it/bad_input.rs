@@ -9,10 +9,10 @@ use tokio_tungstenite::tungstenite::Message;
 #[tokio::test]
 async fn bad_frames_get_specific_errors_and_leave_others_alone() {
     let h = spawn_host().await;
-    let key = h.public_tenant("acme").await;
-    let mut healthy = h.ws("acme").await;
+    let key = h.public_tenant("bad-frames").await;
+    let mut healthy = h.ws("bad-frames").await;
     healthy.sub("c", 1).await;
-    let mut bad = h.ws("acme").await;
+    let mut bad = h.ws("bad-frames").await;
 
     bad.send_raw(Message::Text("{not json".into())).await;
     assert_eq!(bad.next().await["code"], "bad_request");
@@ -37,7 +37,7 @@ async fn bad_frames_get_specific_errors_and_leave_others_alone() {
     assert_eq!(bad.next().await["code"], "bad_request");
 
     // The healthy session is unaffected throughout.
-    h.publish("acme", &key, json!({"ch":"c","data":1})).await;
+    h.publish("bad-frames", &key, json!({"ch":"c","data":1})).await;
     assert_eq!(healthy.next().await["seq"], 1);
 
     // An oversized frame closes with 1009.
@@ -47,9 +47,9 @@ async fn bad_frames_get_specific_errors_and_leave_others_alone() {
     assert_eq!(code, 1009, "{reason}");
     assert!(reason.contains("exceeds"), "{reason}");
 
-    h.publish("acme", &key, json!({"ch":"c","data":2})).await;
+    h.publish("bad-frames", &key, json!({"ch":"c","data":2})).await;
     assert_eq!(healthy.next().await["seq"], 2);
-    assert!(h.metric("herald_client_errors_total{tenant=\"acme\"").await >= 7.0);
+    assert!(h.metric("herald_client_errors_total{tenant=\"bad-frames\"").await >= 7.0);
     h.stop().await;
 }
 
