@@ -37,7 +37,8 @@ async fn bad_frames_get_specific_errors_and_leave_others_alone() {
     assert_eq!(bad.next().await["code"], "bad_request");
 
     // The healthy session is unaffected throughout.
-    h.publish("bad-frames", &key, json!({"ch":"c","data":1})).await;
+    h.publish("bad-frames", &key, json!({"ch":"c","data":1}))
+        .await;
     assert_eq!(healthy.next().await["seq"], 1);
 
     // An oversized frame closes with 1009.
@@ -47,9 +48,14 @@ async fn bad_frames_get_specific_errors_and_leave_others_alone() {
     assert_eq!(code, 1009, "{reason}");
     assert!(reason.contains("exceeds"), "{reason}");
 
-    h.publish("bad-frames", &key, json!({"ch":"c","data":2})).await;
+    h.publish("bad-frames", &key, json!({"ch":"c","data":2}))
+        .await;
     assert_eq!(healthy.next().await["seq"], 2);
-    assert!(h.metric("herald_client_errors_total{tenant=\"bad-frames\"").await >= 7.0);
+    assert!(
+        h.metric("herald_client_errors_total{tenant=\"bad-frames\"")
+            .await
+            >= 7.0
+    );
     h.stop().await;
 }
 

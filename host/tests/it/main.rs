@@ -9,6 +9,7 @@ mod cli_admin;
 mod cluster;
 mod conformance;
 mod dashboard;
+mod first_start;
 mod frontdoor;
 mod helpers;
 mod hostile_figures;
