@@ -138,5 +138,15 @@ export HERALD_AUTOBAHN="$AB_DIR/wstest" HERALD_REQUIRE_AUTOBAHN=1
 
 step "sdk unit tests" 900 bash -c 'cd sdk && cargo test --locked'
 
-step "cargo test (every workspace crate: unit, integration, layers, bench smoke, browser, schemathesis, Autobahn)" \
-    3600 cargo test --workspace --locked
+# cargo-nextest runs the workspace's tests, each in a process of its own,
+# under the bounds and groups of .config/nextest.toml.
+install_nextest() {
+    cargo nextest --version >/dev/null 2>&1 || cargo install --locked cargo-nextest
+}
+export -f install_nextest
+step "cargo-nextest (crates.io, when missing)" 1200 bash -c install_nextest
+
+step "build the tests" 2400 bash -c 'cargo nextest list --workspace --locked >/dev/null'
+step "every workspace test, one process each (unit, integration, layers, bench smoke, browser, schemathesis, Autobahn)" \
+    3600 cargo nextest run --workspace --locked
+echo "per-test durations: target/nextest/default/junit.xml"

@@ -86,9 +86,13 @@ async fn settle(
 /// Runs a WebSocket session until it ends. `early` holds bytes the client
 /// sent right after its handshake request.
 pub async fn run_ws(app: Arc<Server>, stream: TcpStream, early: Vec<u8>, admitted: Admitted) {
-    let tenant = admitted.slot.tenant.clone();
-    let mut s = WsSession::open(&app, tenant, &admitted, early);
-    let slot = admitted.slot;
+    let Admitted {
+        slot,
+        session,
+        remote,
+        origin,
+    } = admitted;
+    let mut s = WsSession::open(&app, slot.tenant.clone(), session, early, remote, origin);
     let end = match s.read_early().await {
         Ok(()) => s.serve(&stream, app.settings.heartbeat).await,
         Err(end) => end,
@@ -119,14 +123,11 @@ impl WsSession {
     fn open(
         server: &Server,
         tenant: Arc<Tenant>,
-        admitted: &Admitted,
+        session: Option<Arc<Grant>>,
         early: Vec<u8>,
+        remote: Option<std::net::SocketAddr>,
+        origin: Option<Box<str>>,
     ) -> WsSession {
-        let (session, remote, origin) = (
-            admitted.session.clone(),
-            admitted.remote,
-            admitted.origin.clone(),
-        );
         let frame_deadline = server.settings.head_timeout;
         let sources = &server.sources;
         let echo = server.settings.echo_tenant.as_deref() == Some(&*tenant.id);
