@@ -332,3 +332,64 @@ async fn request_heads_are_capped_at_16_kib_on_every_request() {
     assert_eq!(read_response(&mut s).await.status, 200);
     h.stop().await;
 }
+
+/// Reads server frames off `s` until a close frame; returns its code.
+async fn close_code_of(s: &mut tokio::net::TcpStream) -> u16 {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout_at(deadline, s.read(&mut chunk))
+            .await
+            .expect("a close frame within 10 s")
+            .unwrap();
+        assert!(n > 0, "the connection ended without a close frame");
+        buf.extend_from_slice(&chunk[..n]);
+        while let Some(head) =
+            herald::proto::ws::decode_frame(&mut buf, herald::proto::ws::Role::FromServer, 1 << 20)
+                .unwrap()
+        {
+            let payload = buf[head.payload_start..head.frame_len()].to_vec();
+            buf.drain(..head.frame_len());
+            if head.opcode == herald::proto::ws::OpCode::Close {
+                return u16::from_be_bytes([payload[0], payload[1]]);
+            }
+        }
+    }
+}
+
+/// A live, subscribed session that sends a frame with a reserved bit set is
+/// closed with 1002 (protocol error); one that sends text that is not UTF-8,
+/// with 1007. (The Autobahn suite checks the same on an echoing session.)
+#[tokio::test]
+async fn a_live_session_is_closed_with_1002_and_1007_for_what_the_protocol_forbids() {
+    use tokio::io::AsyncWriteExt;
+    let h = spawn_host().await;
+    h.public_tenant("codes").await;
+    let mask = [0x11u8, 0x22, 0x33, 0x44];
+    let masked = |first: u8, payload: &[u8]| {
+        let mut f = vec![first, 0x80 | payload.len() as u8];
+        f.extend_from_slice(&mask);
+        f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        f
+    };
+    for (frame, want) in [
+        // FIN + RSV1 + text: no extension was negotiated.
+        (masked(0xC1, b"{}"), 1002),
+        // FIN + text, an invalid UTF-8 sequence.
+        (
+            masked(0x81, &[0xce, 0xba, 0xe1, 0xbd, 0xb9, 0xcf, 0x83, 0xff]),
+            1007,
+        ),
+    ] {
+        let mut s = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+        let mut req = ws_upgrade_request("codes", "").into_bytes();
+        req.extend(client_text_frame(r#"{"op":"sub","ch":"c","id":1}"#));
+        s.write_all(&req).await.unwrap();
+        assert_eq!(read_response(&mut s).await.status, 101);
+        s.write_all(&frame).await.unwrap();
+        assert_eq!(close_code_of(&mut s).await, want);
+    }
+    h.stop().await;
+}

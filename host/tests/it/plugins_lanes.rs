@@ -225,7 +225,7 @@ async fn a_slow_plugin_does_not_stall_other_tenants() {
         .await;
     assert_eq!(s, 200, "{v}");
     let Attack {
-        calm: [_, (_, p99, _)],
+        calm: [(_, p99_alone, _), (_, p99, _)],
         admitted,
         busy,
         other,
@@ -235,9 +235,13 @@ async fn a_slow_plugin_does_not_stall_other_tenants() {
     assert!(admitted >= 10, "{admitted}");
     assert!(busy > 0, "the queue bound refused some");
     assert_eq!(other, 0);
-    // Generous (the suite runs beside it on two cores): the build that ran
-    // such calls on the workers published 6 messages in those 4 s.
-    assert!(p99 < 100_000, "calm p99 {p99} µs");
+    // Against the calm tenant alone, measured in the same test (a loaded
+    // machine slows both): the build that ran such calls on the workers
+    // published 6 messages in those 4 s, a p99 of seconds.
+    assert!(
+        p99 < p99_alone * 10 + 50_000,
+        "calm p99 {p99} µs under attack, {p99_alone} µs alone"
+    );
     drop(node);
 }
 
@@ -247,15 +251,19 @@ async fn a_slow_plugin_does_not_stall_other_tenants() {
 async fn a_connect_flood_does_not_stall_other_tenants() {
     let (_dir, node) = node_with(json!({"id":"flooded","access":"public"})).await;
     let Attack {
-        calm: [_, (_, p99, _)],
+        calm: [(_, p99_alone, _), (_, p99, _)],
         admitted,
         other,
         ..
     } = under_attack(&node, "flooded", 32).await;
     assert!(admitted > 100, "{admitted}");
     assert_eq!(other, 0);
-    // Generous: connects cost CPU the calm tenant shares on two cores.
-    assert!(p99 < 100_000, "calm p99 {p99} µs");
+    // Connects cost CPU the calm tenant shares on two cores: against the
+    // calm tenant alone, measured in the same test.
+    assert!(
+        p99 < p99_alone * 10 + 50_000,
+        "calm p99 {p99} µs under attack, {p99_alone} µs alone"
+    );
     drop(node);
 }
 
