@@ -5,7 +5,7 @@
 //! not make a hook's output differ between instances (the WIT's promise).
 
 use crate::helpers::*;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::thread::ThreadId;
@@ -111,4 +111,39 @@ async fn the_sandbox_has_no_clock_and_no_entropy() {
         "WASI's random bytes are the same in every instance"
     );
     h.stop().await;
+
+    // And in another process (another node): a seed drawn per process would
+    // pass the check above, and give two nodes different results.
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]).await;
+    let (s, v) = node
+        .admin(
+            reqwest::Method::POST,
+            "/admin/v1/tenants",
+            json!({"id": "entropy-c", "access": "public"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let key = v["publish_key"].as_str().unwrap().to_string();
+    let (s, v) = node
+        .upload_plugin("entropy-c", plugin_wasm("fixture_chatty"))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let path = format!(
+        "/admin/v1/tenants/entropy-c/plugins/{}/activate",
+        v["version"]
+    );
+    let (s, v) = node.admin(reqwest::Method::POST, &path, Value::Null).await;
+    assert_eq!(s, 200, "{v}");
+    let mut ws = node.ws("entropy-c", "").await.unwrap();
+    ws.sub("c", 1).await;
+    let (s, v) = node
+        .publish("entropy-c", &key, json!({"ch":"c","data":1}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let m = ws.next().await;
+    assert_eq!(
+        m["data"]["hash"], seen[0]["hash"],
+        "WASI's random bytes are the same in another process"
+    );
 }
