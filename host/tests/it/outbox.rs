@@ -300,6 +300,14 @@ async fn outbox_delivers_committed_rows_in_order() {
         f["op"], "pong",
         "no outbox row after switching to http: {f}"
     );
+    // A reader that kept running would deliver the row within its poll
+    // interval (200 ms here) even without a NOTIFY: nothing may come in 2 s.
+    let quiet = tokio::time::timeout(Duration::from_secs(2), ws.next()).await;
+    assert!(
+        quiet.is_err(),
+        "a frame after switching to http: {:?}",
+        quiet.ok()
+    );
     h.stop().await;
 }
 
