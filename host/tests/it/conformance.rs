@@ -399,6 +399,10 @@ async fn a_restart_listens_at_once_and_reuses_compiled_plugins() {
         (503, Some("plugin_loading")),
         "{v}"
     );
+    // Not ready (a load balancer keeps it out) while a plugin of the start
+    // still loads, though it listens and serves the other tenants.
+    let r = h.http.get(h.url("/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 503, "/readyz while the big plugin compiles");
     let (s, v) = publish_raw(&h, "big", "x", "{}".into()).await;
     assert_eq!(s, 401, "the key is checked first: {v}");
     // The tenant without a plugin serves while the other compiles.
