@@ -13,6 +13,7 @@ pub mod plugins;
 pub mod publish;
 
 use crate::node::Node;
+use crate::publish::PublishError;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -63,32 +64,14 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     Unprocessable(String),
-    /// HTTP publish on a tenant whose messages come from another source.
-    #[error("tenant {0:?} reads from its {1} source; write into that source (an HTTP publish would take positions the source cannot agree with), or set the source to http or kafka")]
-    SourceNotHttp(String, &'static str),
-    #[error("rate limit exceeded")]
-    RateLimited(Duration),
+    /// A publish refused by the publish service (its messages are its own).
+    #[error(transparent)]
+    Publish(#[from] PublishError),
     /// The body did not arrive in time (after its key was accepted).
     #[error("the request body did not arrive within {0:?}")]
     BodyTimeout(Duration),
     #[error("server is shutting down")]
     Unavailable,
-    /// The tenant's active plugin is not loaded on this node.
-    #[error("the tenant's plugin (version {0}) is not loaded on this node; nothing was published, retry")]
-    PluginUnavailable(i64),
-    /// The tenant's active plugin is still loading on this node (at start).
-    #[error("the tenant's plugin (version {0}) is still loading on this node; nothing was published, retry shortly")]
-    PluginLoading(i64),
-    /// The tenant's plugin threads and their queue are full.
-    #[error("the tenant's plugin is busy; nothing was published, retry")]
-    PluginBusy,
-    /// The place a publish goes (cluster mode's shared log, a Kafka topic)
-    /// did not confirm the write: (which, the cause, logged only).
-    #[error("the {0} did not confirm the write; retry (a record not confirmed may still be delivered once)")]
-    SourceUnavailable(&'static str, String),
-    /// The tenant's plugin failed on this batch; nothing of it was published.
-    #[error("transform failed ({0}); the batch was dead-lettered: {1}")]
-    TransformFailed(&'static str, String),
     #[error("internal error")]
     Internal(String),
 }
@@ -101,17 +84,21 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::Conflict(_) => "conflict",
             ApiError::Unprocessable(_) => "unprocessable",
-            ApiError::SourceNotHttp(..) => "source_not_http",
-            ApiError::RateLimited(_) => "rate_limited",
             ApiError::BodyTimeout(_) => "request_timeout",
             ApiError::Unavailable => "unavailable",
-            ApiError::PluginUnavailable(_) => "plugin_unavailable",
-            ApiError::PluginLoading(_) => "plugin_loading",
-            ApiError::PluginBusy => "plugin_busy",
-            ApiError::SourceUnavailable("publish log", _) => "log_unavailable",
-            ApiError::SourceUnavailable(..) => "source_unavailable",
-            ApiError::TransformFailed(..) => "transform_failed",
             ApiError::Internal(_) => "internal",
+            ApiError::Publish(e) => match e {
+                PublishError::Bad(_) => "bad_request",
+                PublishError::Conflict(_) => "conflict",
+                PublishError::SourceNotHttp(..) => "source_not_http",
+                PublishError::RateLimited(_) => "rate_limited",
+                PublishError::PluginUnavailable(_) => "plugin_unavailable",
+                PublishError::PluginLoading(_) => "plugin_loading",
+                PublishError::PluginBusy => "plugin_busy",
+                PublishError::SourceUnavailable("publish log", _) => "log_unavailable",
+                PublishError::SourceUnavailable(..) => "source_unavailable",
+                PublishError::TransformFailed(..) => "transform_failed",
+            },
         }
     }
 }
@@ -133,19 +120,23 @@ impl IntoResponse for ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Conflict(_) | ApiError::SourceNotHttp(..) => StatusCode::CONFLICT,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            ApiError::Unavailable
-            | ApiError::PluginUnavailable(_)
-            | ApiError::PluginLoading(_)
-            | ApiError::PluginBusy => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::SourceUnavailable(what, cause) => {
-                tracing::warn!(what, %cause, "publish not confirmed");
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            ApiError::TransformFailed(..) => StatusCode::BAD_GATEWAY,
+            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Publish(e) => match e {
+                PublishError::Bad(_) => StatusCode::BAD_REQUEST,
+                PublishError::Conflict(_) | PublishError::SourceNotHttp(..) => StatusCode::CONFLICT,
+                PublishError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+                PublishError::PluginUnavailable(_)
+                | PublishError::PluginLoading(_)
+                | PublishError::PluginBusy => StatusCode::SERVICE_UNAVAILABLE,
+                PublishError::SourceUnavailable(what, cause) => {
+                    tracing::warn!(what, %cause, "publish not confirmed");
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                PublishError::TransformFailed(..) => StatusCode::BAD_GATEWAY,
+            },
             ApiError::Internal(cause) => {
                 tracing::error!(%cause, "request failed with an internal error");
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -154,13 +145,15 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({"error": {"code": self.code(), "message": self.to_string()}});
         let mut resp = (status, Json(body)).into_response();
         match &self {
-            ApiError::SourceUnavailable(..)
-            | ApiError::PluginUnavailable(_)
-            | ApiError::PluginLoading(_)
-            | ApiError::PluginBusy => {
+            ApiError::Publish(
+                PublishError::SourceUnavailable(..)
+                | PublishError::PluginUnavailable(_)
+                | PublishError::PluginLoading(_)
+                | PublishError::PluginBusy,
+            ) => {
                 resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
             }
-            ApiError::RateLimited(wait) => {
+            ApiError::Publish(PublishError::RateLimited(wait)) => {
                 let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
                 resp.headers_mut().insert(header::RETRY_AFTER, secs.into());
             }

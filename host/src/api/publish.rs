@@ -6,7 +6,6 @@
 
 use super::Api;
 use super::{bearer, ApiError};
-use crate::publish::PublishError;
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -156,21 +155,5 @@ fn idempotency_key(headers: &axum::http::HeaderMap) -> Result<Option<String>, Ap
         _ => Err(ApiError::BadRequest(
             "Idempotency-Key: 1 to 128 visible ASCII characters".into(),
         )),
-    }
-}
-
-impl From<PublishError> for ApiError {
-    fn from(e: PublishError) -> ApiError {
-        match e {
-            PublishError::Bad(m) => ApiError::BadRequest(m),
-            PublishError::SourceNotHttp(t, kind) => ApiError::SourceNotHttp(t, kind),
-            PublishError::RateLimited(wait) => ApiError::RateLimited(wait),
-            PublishError::PluginUnavailable(v) => ApiError::PluginUnavailable(v),
-            PublishError::PluginLoading(v) => ApiError::PluginLoading(v),
-            PublishError::PluginBusy => ApiError::PluginBusy,
-            PublishError::Conflict(m) => ApiError::Conflict(m),
-            PublishError::SourceUnavailable(which, m) => ApiError::SourceUnavailable(which, m),
-            PublishError::TransformFailed(kind, m) => ApiError::TransformFailed(kind, m),
-        }
     }
 }
