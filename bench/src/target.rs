@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+mod peers;
+
 pub const TENANT: &str = "bench";
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -313,101 +315,6 @@ impl Target {
         Ok(())
     }
 
-    /// Starts `bench raw-server` (this binary) as the baseline.
-    pub async fn raw() -> anyhow::Result<Target> {
-        let exe = std::env::current_exe().context("finding the bench binary")?;
-        let dir = TempDir::new("raw-bench")?;
-        let port = procs::free_port()?;
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let log = dir.path().join("raw.log");
-        let mut cmd = Command::new(exe);
-        cmd.arg("raw-server").args(["--listen", &addr.to_string()]);
-        let child = spawn_logged(&mut cmd, &log, "the raw baseline server")?;
-        let mut t = Target {
-            kind: Kind::Raw,
-            addr,
-            publish_addr: addr,
-            publish_key: "raw".into(),
-            admin: String::new(),
-            guard: ChildGuard::new("raw-server", child),
-            others: Vec::new(),
-            log,
-            _dir: dir,
-        };
-        t.wait_ready().await?;
-        Ok(t)
-    }
-
-    /// Starts a peer, installing it first when it is missing.
-    pub async fn peer(peer: Peer) -> anyhow::Result<Target> {
-        ensure_installed(peer)?;
-        match peer {
-            Peer::Nchan => Target::nchan().await,
-            Peer::Python => Target::python().await,
-        }
-    }
-
-    async fn nchan() -> anyhow::Result<Target> {
-        let dir = TempDir::new("nchan-bench")?;
-        let port = procs::free_port()?;
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let template = std::fs::read_to_string(peers_dir().join("nchan.conf"))
-            .context("reading bench/peers/nchan.conf")?;
-        let conf = template
-            .replace("@PORT@", &port.to_string())
-            .replace("@DIR@", &dir.path().display().to_string());
-        let conf_path = dir.path().join("nginx.conf");
-        std::fs::write(&conf_path, conf)?;
-        let log = dir.path().join("error.log");
-        let mut cmd = Command::new(NGINX);
-        cmd.arg("-p")
-            .arg(dir.path())
-            .arg("-c")
-            .arg(&conf_path)
-            .args(["-g", "daemon off;"]);
-        let child = spawn_logged(&mut cmd, &dir.path().join("stdout.log"), NGINX)?;
-        let mut t = Target {
-            kind: Kind::Nchan,
-            addr,
-            publish_addr: addr,
-            publish_key: String::new(),
-            admin: String::new(),
-            guard: ChildGuard::terminating("nginx", child),
-            others: Vec::new(),
-            log,
-            _dir: dir,
-        };
-        t.wait_ready().await?;
-        Ok(t)
-    }
-
-    async fn python() -> anyhow::Result<Target> {
-        let dir = TempDir::new("pyws-bench")?;
-        let (ws, http) = (procs::free_port()?, procs::free_port()?);
-        let log = dir.path().join("py.log");
-        let mut cmd = Command::new("python3");
-        cmd.arg(peers_dir().join("py_broadcast.py")).args([
-            "--ws-port",
-            &ws.to_string(),
-            "--http-port",
-            &http.to_string(),
-        ]);
-        let child = spawn_logged(&mut cmd, &log, "python3 py_broadcast.py")?;
-        let mut t = Target {
-            kind: Kind::Python,
-            addr: ([127, 0, 0, 1], ws).into(),
-            publish_addr: ([127, 0, 0, 1], http).into(),
-            publish_key: String::new(),
-            admin: String::new(),
-            guard: ChildGuard::terminating("python websockets", child),
-            others: Vec::new(),
-            log,
-            _dir: dir,
-        };
-        t.wait_ready().await?;
-        Ok(t)
-    }
-
     /// How clients subscribe to this server.
     pub fn dialect(&self) -> Dialect {
         match self.kind {
@@ -611,48 +518,6 @@ fn spawn_logged(cmd: &mut Command, log: &Path, what: &str) -> anyhow::Result<std
         .with_context(|| format!("starting {what}"))
 }
 
-const NGINX: &str = "/usr/sbin/nginx";
-const NCHAN_MODULE: &str = "/usr/lib/nginx/modules/ngx_nchan_module.so";
-
-fn peers_dir() -> PathBuf {
-    crate::report::bench_dir().join("peers")
-}
-
-fn installed(peer: Peer) -> bool {
-    match peer {
-        Peer::Nchan => Path::new(NGINX).is_file() && Path::new(NCHAN_MODULE).is_file(),
-        Peer::Python => Command::new("python3")
-            .args(["-c", "import websockets"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success()),
-    }
-}
-
-/// Installs the peers from Debian and PyPI (`bench/peers/install.sh`) when
-/// `peer` is missing.
-fn ensure_installed(peer: Peer) -> anyhow::Result<()> {
-    if installed(peer) {
-        return Ok(());
-    }
-    println!(
-        "  {} is not installed; running bench/peers/install.sh",
-        Kind::as_str(peer.kind())
-    );
-    let status = Command::new("bash")
-        .arg(peers_dir().join("install.sh"))
-        .status()
-        .context("running bench/peers/install.sh")?;
-    if !status.success() || !installed(peer) {
-        bail!(
-            "{} is still missing after bench/peers/install.sh ({status})",
-            peer.kind().as_str()
-        );
-    }
-    Ok(())
-}
-
 /// Sum of `delivered` (Herald, raw, Python peer) or `subscribers` (nchan)
 /// and of `dropped` (raw only) in a publish answer.
 pub fn delivered(answer: &serde_json::Value) -> (u64, u64) {
@@ -685,39 +550,4 @@ pub fn metric(text: &str, name: &str, tenant: &str) -> Option<f64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn delivered_counts() {
-        use serde_json::json;
-        assert_eq!(delivered(&json!({"ch":"c0","seq":1,"delivered":7})), (7, 0));
-        assert_eq!(
-            delivered(&json!({"results":[{"delivered":3,"dropped":1},{"delivered":4}]})),
-            (7, 1)
-        );
-        assert_eq!(
-            delivered(&json!({"messages":1,"requested":0,"subscribers":12})),
-            (12, 0)
-        );
-        assert_eq!(delivered(&json!({})), (0, 0));
-    }
-
-    #[test]
-    fn reads_prometheus_samples() {
-        let text = "# TYPE herald_frames_sent_total counter\n\
-                    herald_frames_sent_total{tenant=\"other\"} 5\n\
-                    herald_frames_sent_total{tenant=\"bench\"} 12345\n\
-                    herald_frames_sent_total_x{tenant=\"bench\"} 1\n\
-                    herald_socket_writes_total{tenant=\"bench\"} 678\n";
-        assert_eq!(
-            metric(text, "herald_frames_sent_total", "bench"),
-            Some(12345.0)
-        );
-        assert_eq!(
-            metric(text, "herald_socket_writes_total", "bench"),
-            Some(678.0)
-        );
-        assert_eq!(metric(text, "herald_socket_writes_total", "none"), None);
-    }
-}
+mod tests;
