@@ -69,7 +69,8 @@ impl Published {
     }
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ItemsError> {
+/// Parses a JSON body, naming the field at fault (the API's bodies too).
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ItemsError> {
     serde_json::from_slice(body).map_err(|e| ItemsError::Bad(format!("invalid body: {e}")))
 }
 

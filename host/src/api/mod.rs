@@ -291,5 +291,5 @@ pub(crate) fn live_tenant(app: &Node, id: &str) -> Result<Arc<crate::tenant::Ten
 
 /// Parses a JSON body, naming the field at fault in the error.
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid body: {e}")))
+    crate::publish::parse_json(body).map_err(|e| ApiError::BadRequest(e.to_string()))
 }

@@ -147,15 +147,24 @@ impl Sources {
     }
 
     /// The tenant's slot (an empty `http` one until a source starts).
+    /// (A lookup on the publish path: the id is copied only for a new slot.)
     pub fn slot(&self, tenant: &str) -> MappedMutexGuard<'_, SourceSlot> {
-        MutexGuard::map(self.slots.lock(), |m| m.entry(tenant.into()).or_default())
+        MutexGuard::map(self.slots.lock(), |m| {
+            if !m.contains_key(tenant) {
+                m.insert(tenant.into(), SourceSlot::default());
+            }
+            m.get_mut(tenant).expect("inserted above")
+        })
     }
 
     /// The source's configuration and health as the API shows them.
     pub fn view(&self, tenant: &Tenant) -> (SourceConfig, Health) {
         let slot = self.slot(&tenant.id);
         let mut health = slot.health.lock().clone();
-        health.rebased = tenant.rebased.load(Ordering::Relaxed) - health.rebased_from;
+        health.rebased = tenant
+            .rebased
+            .load(Ordering::Relaxed)
+            .saturating_sub(health.rebased_from);
         (slot.config.clone(), health)
     }
 
