@@ -65,6 +65,7 @@ thread_local! {
     /// `herald plugin test`: keep what each call on this thread wrote.
     static KEEP_OUTPUT: Cell<bool> = const { Cell::new(false) };
     static LAST_OUTPUT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    static LAST_LOG: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Makes calls on this thread keep their guest output, successful or not,
@@ -76,6 +77,19 @@ pub fn keep_output(on: bool) {
 /// What the calls on this thread wrote since the last take.
 pub fn take_output() -> String {
     LAST_OUTPUT.with_borrow_mut(std::mem::take)
+}
+
+/// Keeps a log line the guest wrote (as the host's log got it) when
+/// [`keep_output`] is on for this thread.
+pub(crate) fn keep_log(line: impl FnOnce() -> String) {
+    if KEEP_OUTPUT.get() {
+        LAST_LOG.with_borrow_mut(|l| l.push(line()));
+    }
+}
+
+/// The log lines the calls on this thread wrote since the last take.
+pub fn take_log() -> Vec<String> {
+    LAST_LOG.with_borrow_mut(std::mem::take)
 }
 
 /// Whether a call that finds every plugin thread busy may wait.
@@ -348,6 +362,11 @@ impl ActivePlugin {
         session: &Grant,
         channel: &str,
     ) -> Result<Result<(), Denial>, PluginError> {
+        // A hook the plugin does not declare is never called (its export is
+        // a stub that traps): every subscription is allowed.
+        if !self.info.hooks.authorize_subscribe {
+            return Ok(Ok(()));
+        }
         let r = self.call(|s, p| match p {
             Bound::V0_2(p) => p
                 .herald_plugin_guest()

@@ -46,6 +46,16 @@ impl LogRate {
     }
 }
 
+fn level_name(level: Level) -> &'static str {
+    match level {
+        Level::Trace => "trace",
+        Level::Debug => "debug",
+        Level::Info => "info",
+        Level::Warn => "warn",
+        Level::Error => "error",
+    }
+}
+
 /// Writes one guest log line for `tenant`, if its budgets allow.
 pub(super) fn write(tenant: &str, rate: &LogRate, budget: &mut u32, level: Level, message: &str) {
     if *budget == 0 {
@@ -67,6 +77,7 @@ pub(super) fn write(tenant: &str, rate: &LogRate, budget: &mut u32, level: Level
         cut -= 1;
     }
     let m = message[..cut].escape_debug();
+    crate::active::keep_log(|| format!("{}: {m}", level_name(level)));
     match level {
         Level::Trace => tracing::trace!(tenant, plugin_log = %m),
         Level::Debug => tracing::debug!(tenant, plugin_log = %m),

@@ -57,6 +57,17 @@ impl StoreState {
     }
 }
 
+/// Where [`Runtime::compile_from`] found a compiled component.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompiledFrom {
+    /// Compiled before by this runtime (or by a caller it waited for).
+    Memory,
+    /// Loaded from the artifact directory.
+    Disk,
+    /// Compiled by this call.
+    Compiled,
+}
+
 /// The process's engine, linker and compiled-component cache.
 pub struct Runtime {
     engine: Engine,
@@ -145,13 +156,21 @@ impl Runtime {
     /// another thread is compiling the same bytes (an upload announced to
     /// every node, then its activation). A failure is not kept.
     pub fn compile(&self, bytes: &[u8]) -> Result<Component, PluginError> {
+        self.compile_from(bytes).map(|(c, _)| c)
+    }
+
+    /// [`Runtime::compile`], saying where the compiled component came from.
+    pub fn compile_from(&self, bytes: &[u8]) -> Result<(Component, CompiledFrom), PluginError> {
         let digest: [u8; 32] = Sha256::digest(bytes).into();
         let cell = self.cache.lock().entry(digest).or_default().clone();
+        let mut from = CompiledFrom::Memory;
         let compiled = cell.get_or_init(|| {
             if let Some(c) = self.artifacts.as_ref().and_then(|a| a.load(&self.engine, &digest)) {
                 metrics::counter!("herald_plugin_compiles_total", "from" => "disk").increment(1);
+                from = CompiledFrom::Disk;
                 return Ok(c);
             }
+            from = CompiledFrom::Compiled;
             let started = std::time::Instant::now();
             let c = Component::new(&self.engine, bytes).map_err(|e| format!("{e:#}"))?;
             metrics::counter!("herald_plugin_compiles_total", "from" => "compile").increment(1);
@@ -162,7 +181,7 @@ impl Runtime {
             Ok(c)
         });
         match compiled {
-            Ok(c) => Ok(c.clone()),
+            Ok(c) => Ok((c.clone(), from)),
             Err(e) => {
                 let mut cache = self.cache.lock();
                 if cache.get(&digest).is_some_and(|c| Arc::ptr_eq(c, &cell)) {

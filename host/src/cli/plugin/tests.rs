@@ -1,4 +1,5 @@
 use super::*;
+use std::path::Path;
 
 /// The embedded templates are the files each FILES.txt lists, plus the
 /// SDK and the WIT.

@@ -1,192 +1,24 @@
-//! `herald plugin new` and `herald plugin test`: a plugin author's tools,
-//! without a server.
+//! `herald plugin test`: runs a component's hooks under the server's own
+//! sandbox and reports what each answered, what it logged and printed, and
+//! the time per call.
 //!
-//! Owns: the scaffold of each language (the files of sdk/<lang>/template,
-//! the SDK and the WIT, embedded in the binary) and running a component's
-//! hooks locally under the same sandbox the server uses. Invariants: `new`
-//! never writes into a folder that has files; `test` runs exactly the code
-//! the server runs (`plugin::active::ActivePlugin`), so what it prints is
-//! what a tenant would get.
+//! Owns: reading `--connect`, `--records` and `--config`, the report (JSON
+//! or text) and the exit status. Invariants: every call the report shows
+//! ran through `ActivePlugin`, as on the server; a hook that failed (trap,
+//! timeout, memory, bad output, a record refused) makes the command fail
+//! after the report is printed, so a script cannot mistake it for a pass;
+//! subscribes that did not run as a granted session say as whom they ran.
 
+use super::TestArgs;
 use crate::fanout::position::SourcePos;
 use crate::plugin::active::{Activation, ActivePlugin};
 use crate::plugin::batch::SourceRecord;
-use crate::plugin::{ConnectRequest, Grant, PluginError, SandboxLimits};
+use crate::plugin::{CompiledFrom, ConnectRequest, Grant, PluginError, SandboxLimits};
 use anyhow::{bail, Context as _};
-use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-#[derive(Debug, Subcommand)]
-pub enum PluginCommand {
-    /// Write a working plugin with its build script into a new folder.
-    New(NewArgs),
-    /// Run a component's hooks locally and print what they answer.
-    Test(TestArgs),
-    /// Upload a component to a tenant on a server (waits while a large one compiles).
-    Push(crate::cli::admin::PushArgs),
-    /// List a tenant's stored plugin versions.
-    List(crate::cli::admin::TenantArgs),
-    /// Make a stored version the tenant's active plugin.
-    Activate(crate::cli::admin::ActivateArgs),
-    /// Activate the version that was active before the current one.
-    Rollback(crate::cli::admin::TenantArgs),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Lang {
-    Rust,
-    Python,
-    Js,
-    C,
-}
-
-#[derive(Debug, Args)]
-pub struct NewArgs {
-    pub lang: Lang,
-    /// The folder to create (it must not exist, or be empty).
-    pub dir: PathBuf,
-}
-
-#[derive(Debug, Args)]
-pub struct TestArgs {
-    /// The component (.wasm) to run.
-    pub component: PathBuf,
-    /// Source records, one JSON object per line: {"value": <JSON> | "text":
-    /// "…", "key": "…", "channel": "…", "headers": {"name": "value"},
-    /// "timestamp_ms": n, "position": n}.
-    #[arg(long)]
-    pub records: Option<PathBuf>,
-    /// A connect request: a file or inline JSON {"credentials": "…",
-    /// "transport": "ws", "headers": {…}, "query": {…}, "remote_addr": "…"}.
-    #[arg(long)]
-    pub connect: Option<String>,
-    /// A channel to subscribe to, as the session `--connect` granted (or
-    /// subject "test" without one); repeatable.
-    #[arg(long)]
-    pub subscribe: Vec<String>,
-    /// The tenant config the plugin reads: a file or inline JSON.
-    #[arg(long, default_value = "{}")]
-    pub config: String,
-    /// limits.plugin_deadline_ms.
-    #[arg(long, default_value_t = 100)]
-    pub deadline_ms: u64,
-    /// limits.plugin_memory_bytes, in MiB.
-    #[arg(long, default_value_t = 64)]
-    pub memory_mib: usize,
-    /// Run each hook this many times and report the median call (the
-    /// transform's fastest too); what is printed is the last call's.
-    #[arg(long, default_value_t = 1)]
-    pub repeat: usize,
-    /// One JSON document instead of text.
-    #[arg(long)]
-    pub json: bool,
-    /// Where compiled components are kept between runs (a large one takes
-    /// seconds to compile); default: the user's own cache
-    /// ($XDG_CACHE_HOME/herald/compiled or ~/.cache/herald/compiled).
-    #[arg(long, env = "HERALD_PLUGIN_CACHE")]
-    pub cache_dir: Option<PathBuf>,
-}
-
-/// One template file: where it goes, and its bytes.
-type File = (&'static str, &'static str);
-
-macro_rules! files {
-    ($($dest:literal => $src:literal),* $(,)?) => {
-        &[$(($dest, include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../", $src)))),*]
-    };
-}
-
-const WIT: &str = "sdk/wit/herald.wit";
-
-fn template(lang: Lang) -> &'static [File] {
-    match lang {
-        Lang::Rust => files![
-            "Cargo.toml" => "sdk/rust/template/Cargo.toml",
-            "src/lib.rs" => "sdk/rust/template/src/lib.rs",
-            "build.sh" => "sdk/rust/template/build.sh",
-            ".gitignore" => "sdk/rust/template/.gitignore",
-            "herald-sdk/Cargo.toml" => "sdk/Cargo.toml",
-            "herald-sdk/src/lib.rs" => "sdk/src/lib.rs",
-            "herald-sdk/wit/herald.wit" => "sdk/wit/herald.wit",
-        ],
-        Lang::Python => files![
-            "app.py" => "sdk/python/template/app.py",
-            "build.sh" => "sdk/python/template/build.sh",
-            ".gitignore" => "sdk/python/template/.gitignore",
-            "herald_plugin.py" => "sdk/python/herald_plugin.py",
-            "wit/herald.wit" => "sdk/wit/herald.wit",
-        ],
-        Lang::Js => files![
-            "plugin.js" => "sdk/js/template/plugin.js",
-            "package.json" => "sdk/js/template/package.json",
-            "package-lock.json" => "sdk/js/template/package-lock.json",
-            "build.mjs" => "sdk/js/template/build.mjs",
-            "build.sh" => "sdk/js/template/build.sh",
-            ".gitignore" => "sdk/js/template/.gitignore",
-            "README.md" => "sdk/js/template/README.md",
-            "herald-plugin.js" => "sdk/js/herald-plugin.js",
-            "herald-plugin.d.ts" => "sdk/js/herald-plugin.d.ts",
-            "wit/herald.wit" => "sdk/wit/herald.wit",
-        ],
-        Lang::C => files![
-            "hooks.c" => "sdk/c/template/hooks.c",
-            "build.sh" => "sdk/c/template/build.sh",
-            ".gitignore" => "sdk/c/template/.gitignore",
-            "herald_plugin.h" => "sdk/c/herald_plugin.h",
-            "herald_plugin.c" => "sdk/c/herald_plugin.c",
-            "json.c" => "sdk/c/json.c",
-            "plugin.h" => "sdk/c/bindings/plugin.h",
-            "plugin.c" => "sdk/c/bindings/plugin.c",
-            "wit/herald.wit" => "sdk/wit/herald.wit",
-        ],
-    }
-}
-
-/// Where each language's build writes the component, in the new folder.
-fn output_of(lang: Lang) -> &'static str {
-    match lang {
-        Lang::Js => "dist/plugin.wasm",
-        _ => "target/plugin.wasm",
-    }
-}
-
-/// `herald plugin new`: writes the template; the next steps on stdout.
-pub fn new(args: &NewArgs) -> anyhow::Result<()> {
-    let dir = &args.dir;
-    if dir.exists() {
-        let mut entries = std::fs::read_dir(dir).with_context(|| dir.display().to_string())?;
-        if entries.next().is_some() {
-            bail!(
-                "{} exists and is not empty; choose a new folder",
-                dir.display()
-            );
-        }
-    }
-    for (dest, text) in template(args.lang) {
-        let path = dir.join(dest);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).with_context(|| parent.display().to_string())?;
-        }
-        std::fs::write(&path, text).with_context(|| path.display().to_string())?;
-        if dest.ends_with(".sh") {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
-        }
-    }
-    let lang = format!("{:?}", args.lang).to_lowercase();
-    println!(
-        "wrote a {lang} plugin to {d} (contract herald:plugin@0.2.0, {w})\n\
-         next:\n  bash {d}/build.sh\n  herald plugin test {d}/{out} --records records.jsonl\n\
-         guide: docs/plugins/{lang}.md",
-        d = dir.display(),
-        w = WIT,
-        out = output_of(args.lang),
-    );
-    Ok(())
-}
 
 /// A file's text, or the argument itself when it is inline JSON.
 fn file_or_inline(arg: &str) -> anyhow::Result<String> {
@@ -299,6 +131,7 @@ fn repeated<R>(n: usize, mut f: impl FnMut() -> R) -> (R, f64) {
     let mut last = None;
     for _ in 0..n.max(1) {
         let _ = crate::plugin::active::take_output();
+        let _ = crate::plugin::active::take_log();
         let t = Instant::now();
         last = Some(f());
         times.push(t.elapsed());
@@ -339,10 +172,10 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
     let config: Value =
         serde_json::from_str(&file_or_inline(&args.config)?).context("--config is not JSON")?;
     let cache = args.cache_dir.clone().unwrap_or_else(user_cache);
-    let runtime = crate::plugin::Runtime::with_artifacts(Some(cache))?;
+    let runtime = crate::plugin::Runtime::with_artifacts(Some(cache.clone()))?;
     let started = Instant::now();
-    let component = runtime
-        .compile(&bytes)
+    let (component, from) = runtime
+        .compile_from(&bytes)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let compile_ms = ms(started.elapsed());
     let limits = SandboxLimits {
@@ -366,6 +199,12 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
         "component": args.component.display().to_string(),
         "bytes": bytes.len(),
         "compile_ms": compile_ms,
+        // Compiled now, or its compiled form loaded from the cache.
+        "compiled": match from {
+            CompiledFrom::Compiled => "now",
+            CompiledFrom::Disk | CompiledFrom::Memory => "cache",
+        },
+        "cache": cache.display().to_string(),
         "describe": {"ms": ms(started.elapsed()), "name": p.info.name, "version": p.info.version,
                      "contract": p.info.contract, "hooks": p.info.hooks,
                      "transform_encoding": p.info.hooks.transform.then_some(p.info.encoding)},
@@ -375,7 +214,13 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
         audience: None,
         attributes: Vec::new(),
     };
-    if let Some(c) = &args.connect {
+    // Why the subscribes (if any) run as subject "test" rather than as a
+    // session the connect granted; `None` once one was granted.
+    let mut stand_in = Some("there is no --connect");
+    if args.connect.is_some() && !p.info.hooks.authorize_connect {
+        stand_in = Some("the plugin declares no authorize-connect");
+        report["connect"] = json!({"skipped": "the plugin declares no authorize-connect: a public tenant lets every client in, a plugin tenant refuses them (plugin_lacks_hook)"});
+    } else if let Some(c) = &args.connect {
         let req: Value =
             serde_json::from_str(&file_or_inline(c)?).context("--connect is not JSON")?;
         let req = connect_request(&req)?;
@@ -384,19 +229,29 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
             Ok(Ok(s)) => {
                 let v = json!({"allowed": true, "subject": s.subject, "audience": s.audience, "attributes": s.attributes});
                 session = s;
+                stand_in = None;
                 v
             }
-            Ok(Err(d)) => json!({"allowed": false, "code": d.code, "message": d.message}),
-            Err(e) => failure(&e),
+            Ok(Err(d)) => {
+                stand_in = Some("the connect was denied");
+                json!({"allowed": false, "code": d.code, "message": d.message})
+            }
+            Err(e) => {
+                stand_in = Some("the connect failed");
+                failure(&e)
+            }
         };
         out["ms"] = json!(took);
-        out["output"] = json!(crate::plugin::active::take_output());
+        kept(&mut out);
         report["connect"] = out;
     }
     let mut subs = Vec::new();
     for ch in &args.subscribe {
         let (r, took) = repeated(args.repeat, || p.authorize_subscribe(&session, ch));
         let mut out = match r {
+            Ok(Ok(())) if !p.info.hooks.authorize_subscribe => {
+                json!({"channel": ch, "allowed": true, "declared": false})
+            }
             Ok(Ok(())) => json!({"channel": ch, "allowed": true}),
             Ok(Err(d)) => {
                 json!({"channel": ch, "allowed": false, "code": d.code, "message": d.message})
@@ -404,11 +259,14 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
             Err(e) => json!({"channel": ch, "failed": failure(&e)}),
         };
         out["ms"] = json!(took);
-        out["output"] = json!(crate::plugin::active::take_output());
+        kept(&mut out);
         subs.push(out);
     }
     if !subs.is_empty() {
         report["subscribe"] = Value::Array(subs);
+        if let Some(why) = stand_in {
+            report["subscribe_as"] = json!({"subject": "test", "because": why});
+        }
     }
     if let Some(path) = &args.records {
         let owned = read_records(path)?;
@@ -432,6 +290,7 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
             let mut r = Err(PluginError::Busy(0));
             for _ in 0..args.repeat.max(1) {
                 let _ = crate::plugin::active::take_output();
+                let _ = crate::plugin::active::take_log();
                 let t = Instant::now();
                 r = p.transform(&records, 1 << 20);
                 times.push(t.elapsed());
@@ -440,6 +299,7 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
             let took = ms(times[times.len() / 2]);
             let fastest = ms(times[0]);
             let output = crate::plugin::active::take_output();
+            let log = crate::plugin::active::take_log();
             report["transform"] = match r {
                 Ok(t) => {
                     let messages: Vec<Value> = t
@@ -458,10 +318,11 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
                         .collect();
                     json!({"records": records.len(), "ms": took, "ms_min": fastest,
                            "calls": times.len(), "messages": messages,
-                           "refused": refused, "output": output})
+                           "refused": refused, "output": output, "log": log})
                 }
                 Err(e) => {
-                    json!({"records": records.len(), "ms": took, "failed": failure(&e), "output": output})
+                    json!({"records": records.len(), "ms": took, "failed": failure(&e),
+                           "output": output, "log": log})
                 }
             };
         } else {
@@ -474,16 +335,71 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
     } else {
         print_text(&report);
     }
+    let failed = failures(&report);
+    if !failed.is_empty() {
+        bail!(
+            "{} failed: {} (the report above says why)",
+            if failed.len() == 1 { "a hook" } else { "hooks" },
+            failed.join(", ")
+        );
+    }
     Ok(())
+}
+
+/// What the guest printed and logged during the calls just made, into `out`.
+fn kept(out: &mut Value) {
+    out["output"] = json!(crate::plugin::active::take_output());
+    out["log"] = json!(crate::plugin::active::take_log());
+}
+
+/// Every call of the report that failed (a denial is an answer, not a
+/// failure), named for the summary line.
+fn failures(r: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let kind = |v: &Value| v["error"].as_str().unwrap_or("failed").to_string();
+    if let Some(c) = r
+        .get("connect")
+        .filter(|c| c["allowed"].is_null() && c["skipped"].is_null())
+    {
+        out.push(format!("connect ({})", kind(c)));
+    }
+    for s in r["subscribe"].as_array().into_iter().flatten() {
+        if !s["failed"].is_null() {
+            let ch = s["channel"].as_str().unwrap_or_default();
+            out.push(format!("subscribe {ch} ({})", kind(&s["failed"])));
+        }
+    }
+    if let Some(t) = r.get("transform") {
+        if !t["failed"].is_null() {
+            out.push(format!("transform ({})", kind(&t["failed"])));
+        }
+        for x in t["refused"].as_array().into_iter().flatten() {
+            let why = x["kind"].as_str().unwrap_or_default();
+            out.push(format!("transform of record {} ({why})", x["record"]));
+        }
+    }
+    out
 }
 
 fn print_text(r: &Value) {
     let d = &r["describe"];
+    let how = if r["compiled"] == "now" {
+        format!(
+            "compiled in {} ms (kept in {})",
+            r["compile_ms"],
+            cache_dir(r)
+        )
+    } else {
+        format!(
+            "loaded compiled from the cache ({}) in {} ms",
+            cache_dir(r),
+            r["compile_ms"]
+        )
+    };
     println!(
-        "{} ({} bytes): compiled in {} ms",
+        "{} ({} bytes): {how}",
         r["component"].as_str().unwrap_or_default(),
         r["bytes"],
-        r["compile_ms"]
     );
     let hooks: Vec<&str> = [
         "authorize_connect",
@@ -507,6 +423,9 @@ fn print_text(r: &Value) {
         d["ms"]
     );
     let output = |v: &Value| {
+        for line in v["log"].as_array().into_iter().flatten() {
+            println!("    log {}", line.as_str().unwrap_or_default());
+        }
         if let Some(o) = v["output"].as_str().filter(|o| !o.is_empty()) {
             for line in o.lines() {
                 println!("    | {line}");
@@ -520,7 +439,9 @@ fn print_text(r: &Value) {
             v["message"].as_str().unwrap_or_default()
         )
     };
-    if let Some(c) = r.get("connect") {
+    if let Some(why) = r["connect"]["skipped"].as_str() {
+        println!("connect: skipped ({why})");
+    } else if let Some(c) = r.get("connect") {
         let what = match c["allowed"].as_bool() {
             Some(true) => format!(
                 "allowed: subject {}, audience {}, attributes {}",
@@ -536,8 +457,15 @@ fn print_text(r: &Value) {
         println!("connect: {what} [{} ms]", c["ms"]);
         output(c);
     }
+    if let Some(why) = r["subscribe_as"]["because"].as_str() {
+        println!("subscribes run as subject \"test\": {why}");
+    }
     for s in r["subscribe"].as_array().into_iter().flatten() {
         let what = match s["allowed"].as_bool() {
+            Some(true) if s["declared"] == false => {
+                "allowed (the plugin declares no authorize-subscribe: every subscription is)"
+                    .to_string()
+            }
             Some(true) => "allowed".to_string(),
             Some(false) => format!(
                 "denied {}: {}",
@@ -594,5 +522,6 @@ fn print_text(r: &Value) {
     }
 }
 
-#[cfg(test)]
-mod tests;
+fn cache_dir(r: &Value) -> &str {
+    r["cache"].as_str().unwrap_or_default()
+}
