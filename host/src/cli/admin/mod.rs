@@ -39,6 +39,10 @@ pub enum CliError {
     /// An answer this client cannot use.
     #[error("{0}")]
     Protocol(String),
+    /// A publish the server took, of which the tenant's transform made no
+    /// message.
+    #[error("nothing was published: the tenant's transform made no message of the record (it dropped it, or refused its output: see the dead letters, herald_plugin_dead_letters_total)")]
+    NothingPublished,
     /// A background upload the server gave up on.
     #[error("{code}: {message} (the server's background compile failed)")]
     UploadFailed { code: String, message: String },
@@ -359,6 +363,17 @@ fn publish(a: &PublishArgs) -> Result<(), CliError> {
         )
         .await
     })?;
+    let nothing = answer.value["results"]
+        .as_array()
+        .is_some_and(Vec::is_empty);
+    if nothing {
+        // The server took the body, and the tenant's transform made no
+        // message of it: say so, and fail, rather than print an empty table.
+        if remote.json {
+            show(remote, &answer, publish_text);
+        }
+        return Err(CliError::NothingPublished);
+    }
     show(remote, &answer, publish_text);
     Ok(())
 }
