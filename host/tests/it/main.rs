@@ -11,6 +11,7 @@ mod conformance;
 mod dashboard;
 mod first_start;
 mod frontdoor;
+mod guides;
 mod helpers;
 mod hostile_figures;
 mod kafka;

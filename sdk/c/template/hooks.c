@@ -31,6 +31,8 @@ bool exports_herald_plugin_guest_authorize_connect(exports_herald_plugin_guest_c
         if (!subject || len == 0) {
             ok = hp_deny(err, "invalid_token", "unknown token");
         } else {
+            /* The host's log, under the tenant's name (`herald plugin test` shows it). */
+            hp_log(HERALD_PLUGIN_TYPES_LEVEL_INFO, "connect: %.*s", (int)len, subject);
             hp_session_init(ret, subject, len);
             hp_session_add_attribute(ret, "transport", req->transport.ptr, req->transport.len);
             ok = true;

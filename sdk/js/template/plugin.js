@@ -1,17 +1,21 @@
 // A Herald plugin in JavaScript. Build: `bash build.sh` (or `npm run build`)
 // writes dist/plugin.wasm; upload it with the admin API (see README.md).
 //
-// The tenant's config (admin API `config`) this plugin reads:
-//   {"tokens": {"<token>": {"subject": "alice", "audience": "pro"}}}
-import { definePlugin, Deny, config, text } from "./herald-plugin.js";
+// The tenant's config (admin API `config`) this plugin reads: each token is
+// a key of "tokens", its value the subject, or the subject and audience:
+//   {"tokens": {"secret-1": "alice", "secret-2": {"subject": "bob", "audience": "pro"}}}
+import { definePlugin, Deny, config, log, text } from "./herald-plugin.js";
 
 // Who may connect: a token that is a key of the config's `tokens`.
 function authorizeConnect(req) {
   const token = req.credentials;
   if (token === undefined) throw new Deny("missing_token", "a token is required");
   const tokens = config()?.tokens;
-  const entry = tokens && typeof tokens === "object" && Object.hasOwn(tokens, token) ? tokens[token] : undefined;
+  let entry = tokens && typeof tokens === "object" && Object.hasOwn(tokens, token) ? tokens[token] : undefined;
+  if (typeof entry === "string") entry = { subject: entry };
   if (!entry || typeof entry.subject !== "string") throw new Deny("invalid_token", "unknown token");
+  // The host's log, under the tenant's name (`herald plugin test` shows it).
+  log.info(`connect: ${entry.subject}`);
   return {
     subject: entry.subject,
     audience: typeof entry.audience === "string" ? entry.audience : undefined,

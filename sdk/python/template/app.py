@@ -25,6 +25,8 @@ class MyPlugin(herald.Plugin):
         subject = self.tokens.get(req.credentials)
         if not isinstance(subject, str):
             raise herald.Deny("invalid_token", "unknown token")
+        # The host's log, under the tenant's name (`herald plugin test` shows it).
+        herald.log.info("connect: %s" % subject)
         return herald.Session(subject, attributes={"transport": req.transport})
 
     def authorize_subscribe(self, session, channel):

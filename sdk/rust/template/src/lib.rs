@@ -4,7 +4,7 @@
 //! Build with `bash build.sh`; try it with
 //! `herald plugin test target/plugin.wasm --records records.jsonl`.
 
-use herald_sdk::{ConnectRequest, Denial, Output, Record, Session};
+use herald_sdk::{ConnectRequest, Denial, Level, Output, Record, Session};
 use serde_json::Value;
 use std::sync::OnceLock;
 
@@ -35,6 +35,8 @@ herald_sdk::plugin! {
             let subject = config()["tokens"][token.as_str()]
                 .as_str()
                 .ok_or_else(|| deny("invalid_token", "unknown token"))?;
+            // The host's log, under the tenant's name (`herald plugin test` shows it).
+            herald_sdk::log(Level::Info, &format!("connect: {subject}"));
             Ok(Session {
                 subject: subject.into(),
                 audience: None,
