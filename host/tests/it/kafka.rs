@@ -456,9 +456,31 @@ async fn kafka_a_slow_batch_does_not_delay_the_stall() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let stalled = Instant::now();
     eprintln!(
         "stalled {:?} after the broker stopped answering",
         t.elapsed()
+    );
+    // The case ran: the batch was in the transform when the stall showed.
+    // Its one record times out 3 s after the call began and is
+    // dead-lettered then, so that call began before the stall was seen.
+    let timeouts = "herald_plugin_dead_letters_total{tenant=\"kslow\",kind=\"timeout\"}";
+    let done = loop {
+        if h.metric(timeouts).await >= 1.0 {
+            break Instant::now();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the slow batch never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        done.duration_since(stalled) < Duration::from_millis(3000),
+        "the transform began after the stall showed ({:?} later): the stall was not \
+         shown while a batch was in flight",
+        done.duration_since(stalled)
+            .saturating_sub(Duration::from_millis(3000))
     );
     cluster
         .broker_round_trip_time(1, Duration::from_millis(0))

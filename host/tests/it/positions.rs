@@ -447,9 +447,11 @@ async fn kafka_partitions_into_one_channel_are_visible_not_lost() {
 }
 
 impl Node {
-    /// A public tenant with a 4 s window, reading from `source`, live.
+    /// A public tenant with a 4 s window on channel `q`, reading from
+    /// `source`, live (messages to other channels are not held).
     async fn windowed_tenant(&self, id: &str, source: Value) {
-        let body = json!({"id":id,"access":"public","conflation":{"window_ms":4000}});
+        let body =
+            json!({"id":id,"access":"public","conflation":{"window_ms":4000,"channels":["q"]}});
         assert_eq!(
             self.admin(Method::POST, "/admin/v1/tenants", body).await.0,
             201
@@ -474,6 +476,15 @@ impl Node {
         }
     }
 
+    /// The source read exactly `records` since this process started (what
+    /// it read again after a crash), and reads no more within a poll.
+    async fn records_read_are(&self, id: &str, records: u64) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let path = format!("/admin/v1/tenants/{id}/source");
+        let h = self.admin(Method::GET, &path, json!({})).await.1["health"].clone();
+        assert_eq!(h["records"].as_u64(), Some(records), "{h}");
+    }
+
     async fn read(&self, id: &str, records: u64) {
         self.wait_health(
             id,
@@ -485,7 +496,10 @@ impl Node {
 }
 
 /// A crash loses nothing a conflation window held: the outbox cursor stored
-/// stays below the held rows, so the restarted node reads them again.
+/// stays below the held rows, so the restarted node reads them again — and
+/// only them: a row delivered before them is not read again, so a node that
+/// never moved its cursor past the start fails here (the table is fresh, so
+/// reading it from the start would give the held rows too).
 #[tokio::test]
 async fn a_crash_loses_no_held_message() {
     let Some(url) = pg_url() else { return };
@@ -494,10 +508,13 @@ async fn a_crash_loses_no_held_message() {
     let first = Node::start(dir.path(), &[]).await;
     let source = json!({"kind":"postgres_outbox","database_url":url,"table":table,"poll_ms":100});
     first.windowed_tenant("pos-crash", source).await;
+    // A row no window holds: delivered, and the cursor moves past it.
+    insert(&pool, &table, "early", Some("E"), json!({"v":0})).await;
+    first.read("pos-crash", 1).await;
     // The rows are read and held in the 4 s window…
     let a = insert(&pool, &table, "q", Some("A"), json!({"v":1})).await;
     let b = insert(&pool, &table, "q", Some("B"), json!({"v":2})).await;
-    first.read("pos-crash", 2).await;
+    first.read("pos-crash", 3).await;
     // …when the node dies without a word.
     first.kill().await;
     let second = Node::start(dir.path(), &[]).await;
@@ -509,10 +526,13 @@ async fn a_crash_loses_no_held_message() {
         (Some(a * 1000), Some(b * 1000)),
         "the same positions as before the crash"
     );
+    second.records_read_are("pos-crash", 2).await;
 }
 
 /// The same for Kafka: the positions stored stay at the records a window
-/// holds, so the restarted node reads them again.
+/// holds, so the restarted node reads them again — and not the record
+/// delivered before them (a node that never stored a position would read
+/// the topic from `earliest` again).
 #[tokio::test]
 async fn a_crash_loses_no_held_kafka_record() {
     let cluster = MockCluster::new(1).unwrap();
@@ -524,14 +544,18 @@ async fn a_crash_loses_no_held_kafka_record() {
     let source =
         json!({"kind":"kafka","brokers":brokers,"topics":["pos-crash"],"start":"earliest"});
     first.windowed_tenant("pos-kcrash", source).await;
+    produce(&producer, "pos-crash", "early", 100).await;
+    first.read("pos-kcrash", 1).await;
+    // Positions are stored with a batch, at most every 200 ms.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     for n in 0..2 {
         produce(&producer, "pos-crash", "q", n).await;
     }
-    first.read("pos-kcrash", 2).await;
-    // A later batch stores the positions (at most every 200 ms).
+    first.read("pos-kcrash", 3).await;
+    // A later batch stores the positions again (still below the held ones).
     tokio::time::sleep(Duration::from_millis(300)).await;
     produce(&producer, "pos-crash", "q", 2).await;
-    first.read("pos-kcrash", 3).await;
+    first.read("pos-kcrash", 4).await;
     first.kill().await;
     let second = Node::start(dir.path(), &[]).await;
     let mut ws = second.subscriber("pos-kcrash", "q").await;
@@ -541,6 +565,7 @@ async fn a_crash_loses_no_held_kafka_record() {
         .map(|m| m["data"]["n"].as_u64().unwrap())
         .collect();
     assert_eq!(ns, [0, 1, 2]);
+    second.records_read_are("pos-kcrash", 3).await;
 }
 
 /// HTTP publish into a topic of several partitions: one channel's messages

@@ -76,6 +76,18 @@ async fn a_killed_node_s_clients_resume_elsewhere() {
         .map(|m| m["data"]["i"].as_u64().unwrap())
         .collect();
     assert_eq!(is, want, "the restarted node caught up from its cursor");
+    // From its cursor, not from the start: the log holds every row since the
+    // tenant was made (a reader without a cursor starts there), and A had
+    // delivered 30 rows, their batches' cursors stored, before it died.
+    let (_, v) = a
+        .admin(Method::GET, "/admin/v1/tenants/cl-fail/source", json!({}))
+        .await;
+    let read_again = v["health"]["records"].as_u64().unwrap();
+    assert!(
+        read_again + 20 <= published,
+        "the restarted node read {read_again} of {} rows: not from its cursor; {v}",
+        published + 1
+    );
     a.kill().await;
     reg.finish(n).await;
 }

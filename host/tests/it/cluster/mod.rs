@@ -24,25 +24,20 @@ mod failover;
 const PROPAGATION: Duration = Duration::from_millis(1500);
 
 /// A fresh registry database on the test server and a directory for the
-/// nodes' data; `finish` kills the nodes and drops the database.
+/// nodes' data; `finish` kills the nodes and drops the database. One cluster
+/// test runs at a time (the nextest group `cluster`, .config/nextest.toml):
+/// each runs two or three debug-build servers, and several at once on two
+/// cores made delivery within the tests' deadlines a matter of luck.
 struct Registry {
     admin: sqlx::PgPool,
     name: String,
     pub url: String,
     dir: tempfile::TempDir,
-    _turn: tokio::sync::MutexGuard<'static, ()>,
 }
-
-/// One cluster test at a time: each runs two or three debug-build servers
-/// and a database of its own on the shared Postgres, and ten at once on two
-/// cores (with the rest of the suite) made delivery within the tests'
-/// deadlines a matter of luck.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 impl Registry {
     async fn new() -> Option<Registry> {
         let base = pg_url()?;
-        let turn = ONE_AT_A_TIME.lock().await;
         let admin = sqlx::PgPool::connect(&base).await.unwrap();
         let name = format!("herald_cluster_{:08x}", rand::random::<u32>());
         sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
@@ -57,7 +52,6 @@ impl Registry {
             name,
             url,
             dir,
-            _turn: turn,
         })
     }
 
