@@ -115,8 +115,21 @@ step "plugins (wasm32-wasip2 components the integration tests load)" 1200 ./plug
 step "the example plugin in Python, JavaScript and C (the conformance suite's components)" \
     1200 ./plugins/example/build.sh
 
+# npm ci, skipped while node_modules was installed from these very
+# package.json and package-lock.json (their sha256 is kept beside it).
+npm_ci_cached() {
+    local hash
+    hash="$(cat package.json package-lock.json | sha256sum | cut -d' ' -f1)"
+    if [ -d node_modules ] && [ "$(cat node_modules/.herald-inputs 2>/dev/null)" = "$hash" ]; then
+        echo "$(pwd): package.json and package-lock.json unchanged (${hash:0:12}), node_modules kept"
+        return 0
+    fi
+    PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error
+    echo "$hash" > node_modules/.herald-inputs
+}
+export -f npm_ci_cached
 step "browser test driver (playwright-core from npm)" 600 \
-    bash -c 'cd clients/js/test && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error'
+    bash -c 'cd clients/js/test && npm_ci_cached'
 export HERALD_REQUIRE_BROWSER=1
 
 ST_VENV="${HERALD_ST_VENV:-$HOME/.cache/herald/schemathesis-4.32.5}"

@@ -267,6 +267,10 @@ pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(600);
 #[derive(Debug, Clone)]
 pub struct Config {
     pub data_dir: PathBuf,
+    /// Where compiled plugin components are kept across restarts (by
+    /// sha256, under a key of this directory's own): `data_dir/compiled`
+    /// unless set. Embedders and the tests share one between servers.
+    pub compiled_dir: Option<PathBuf>,
     /// `--admin-listen`: the admin API's own listener (not on the main one).
     pub admin_listen: Option<SocketAddr>,
     pub database_url: Option<String>,
@@ -449,6 +453,7 @@ impl ServeArgs {
             advertise: self.advertise.clone(),
             echo_tenant: self.echo_tenant.clone(),
             data_dir: self.data_dir.clone(),
+            compiled_dir: None,
             admin_listen: self.admin_listen,
             database_url: self.database_url.clone(),
             admin_token: self.admin_token.clone(),

@@ -165,8 +165,10 @@ pub async fn run(
     };
     metrics::set_capacity(max);
     // Compiled components survive restarts beside the registry's data.
-    let plugins = plugin::Runtime::with_artifacts(Some(config.data_dir.join("compiled")))
-        .context("starting the plugin runtime")?;
+    let compiled =
+        (config.compiled_dir.clone()).unwrap_or_else(|| config.data_dir.join("compiled"));
+    let plugins =
+        plugin::Runtime::with_artifacts(Some(compiled)).context("starting the plugin runtime")?;
     let cluster = match (&config.cluster, config.database_url.as_deref()) {
         (Some(c), Some(url)) => Some(
             cluster::Cluster::connect(url, c.clone())

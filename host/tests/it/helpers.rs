@@ -37,11 +37,26 @@ impl HostOptions {
         let mut config = Config::for_data_dir(dir.path());
         config.admin_token = Some(ADMIN.into());
         config.shutdown_grace = Duration::from_secs(3);
+        config.compiled_dir = Some(shared_compiled());
         HostOptions {
             config,
             dir: Some(dir),
         }
     }
+
+    /// Compiled components kept in the data dir, not shared: for the tests
+    /// of compiling and of what the data dir holds.
+    pub fn own_compiled(mut self) -> HostOptions {
+        self.config.compiled_dir = None;
+        self
+    }
+}
+
+/// The compiled components every test host shares, by sha256, across tests
+/// and runs (a large one takes 10-30 s to compile; the artifact cache
+/// checks each file's MAC and wasmtime's version before loading it).
+pub fn shared_compiled() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/herald-test-compiled")
 }
 
 pub async fn spawn_host() -> Host {

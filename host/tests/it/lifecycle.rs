@@ -177,7 +177,7 @@ async fn the_data_dir_and_registry_are_private() {
     use std::os::unix::fs::PermissionsExt;
     let root = tempfile::tempdir().unwrap();
     let data = root.path().join("herald-data");
-    let mut opts = HostOptions::new();
+    let mut opts = HostOptions::new().own_compiled();
     opts.config.data_dir = data.clone();
     let h = spawn_with(opts).await;
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
