@@ -4,6 +4,7 @@ mod api_fuzz;
 mod autobahn;
 mod bad_input;
 mod browser;
+mod claims;
 mod cli;
 mod cli_admin;
 mod cluster;

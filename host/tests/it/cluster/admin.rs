@@ -70,6 +70,27 @@ async fn admin_changes_reach_every_node() {
         }
     }
 
+    // The nodes view (README: id, version, address, last heartbeat, `alive`,
+    // the plugin version each runs per tenant): every node reports, with
+    // its next heartbeat, the version it now runs.
+    let heartbeat = Duration::from_secs(2);
+    within(
+        3 * heartbeat,
+        "each node reports the plugin it runs",
+        || async {
+            let view = a.admin(Method::GET, "/admin/v1/nodes", json!({})).await.1;
+            let nodes = view["nodes"].as_array().cloned().unwrap_or_default();
+            nodes.len() == 3
+                && nodes.iter().all(|n| {
+                    n["plugins"]["cl-admin"] == version
+                        && n["alive"] == true
+                        && n["version"] == env!("CARGO_PKG_VERSION")
+                        && n["address"].is_string()
+                })
+        },
+    )
+    .await;
+
     // Deleted through C: sessions on A and B are closed with 4000.
     let mut on_a = a.subscriber("cl-admin", "x").await;
     let mut on_b = b.subscriber("cl-admin", "x").await;
@@ -102,6 +123,26 @@ async fn admin_changes_reach_every_node() {
         .collect();
     ids.sort();
     assert_eq!(ids, ["a", "b", "c"], "{view}");
+    // A node that stops heartbeating turns `alive: false` after three missed
+    // heartbeats (6 s), and stays listed.
+    let mut n = n;
+    let killed = n.pop().unwrap().kill().await;
+    let a = &n[0];
+    let took = within(
+        4 * heartbeat,
+        "the killed node shown as not alive",
+        || async {
+            let view = a.admin(Method::GET, "/admin/v1/nodes", json!({})).await.1;
+            view["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|n| n["id"] == "c" && n["alive"] == false)
+        },
+    )
+    .await;
+    assert!(took >= 2 * heartbeat, "not alive after {took:?}: too soon");
+    drop(killed);
     reg.finish(n).await;
 }
 
