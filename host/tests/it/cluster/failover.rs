@@ -1,6 +1,7 @@
 //! Nodes that go away: killed, drained for a deploy, processes sharing a port.
 
 use super::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A node killed mid-stream: its clients reconnect to another node with the
 /// `since`/`epoch` they hold and get what they missed — no gap, no
@@ -116,6 +117,25 @@ async fn a_draining_node_lets_its_clients_go_gradually() {
         let ack = ws.sub("d", 1).await;
         clients.push((ws, ack["epoch"].as_u64().unwrap()));
     }
+    // An SSE client too: its stream ends with a `close` event carrying 1012.
+    let mut sse = TcpStream::connect(("127.0.0.1", a.port)).await.unwrap();
+    sse.write_all(
+        b"GET /v1/t/cl-drain/sse?ch=d HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let sse_closed = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(15), sse.read(&mut buf)).await {
+                Ok(Ok(0)) => break,
+                Ok(Ok(n)) => seen.extend_from_slice(&buf[..n]),
+                other => panic!("the SSE stream was not ended: {other:?}"),
+            }
+        }
+        String::from_utf8_lossy(&seen).to_string()
+    });
     let publisher = Steady::start(&b, "cl-drain", &key, "d", Duration::from_millis(10));
     tokio::time::sleep(Duration::from_millis(200)).await;
     let ready = a.url("/readyz");
@@ -170,6 +190,12 @@ async fn a_draining_node_lets_its_clients_go_gradually() {
         results.push(t.await.unwrap());
     }
     assert!(terminated.await.unwrap().success(), "A exited cleanly");
+    let stream = sse_closed.await.unwrap();
+    let last = &stream[stream.rfind("event:").unwrap_or(0)..];
+    assert!(
+        last.contains("event: close") && last.contains(r#""code":1012"#),
+        "the SSE stream's last event: {last}"
+    );
     let published = publisher.stop().await;
     let mut closed: Vec<Duration> = results.iter().map(|r| r.1).collect();
     closed.sort();
