@@ -112,5 +112,50 @@ async fn the_readme_tour_works_as_written() {
         serde_json::json!({"sym": "AAPL", "px": "187.2"}),
         "{hist}"
     );
+    // Step 4's inline command: `herald disconnect acme --subject alice`
+    // closes the page's session (4003: disconnected, may reconnect).
+    let disconnect = inline_command(&readme, "herald disconnect ");
+    let mut alice = h
+        .ws_with("acme", "token=tok-alice")
+        .await
+        .expect("alice connects with the tour's token");
+    alice.sub("ticks.AAPL", 1).await;
+    let line = disconnect.replacen("herald ", &format!("{} ", env!("CARGO_BIN_EXE_herald")), 1);
+    let u = h.url("").trim_end_matches('/').to_string();
+    let run = tokio::task::spawn_blocking(move || {
+        Command::new("bash")
+            .arg("-c")
+            .arg(&line)
+            .env("HERALD_URL", &u)
+            .env("HERALD_ADMIN_TOKEN", ADMIN)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        run.status.success(),
+        "`{disconnect}`: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_eq!(
+        alice.closed().await.0,
+        4003,
+        "`{disconnect}` closed the session"
+    );
     h.stop().await;
+}
+
+/// The first inline (backticked) command of the tour that starts with `prefix`.
+fn inline_command(readme: &str, prefix: &str) -> String {
+    let tour = &readme[readme.find("## Five minutes with Herald").unwrap()..];
+    let at = tour
+        .find(&format!("`{prefix}"))
+        .unwrap_or_else(|| panic!("the tour shows `{prefix}…`"));
+    let rest = &tour[at + 1..];
+    // Markdown may wrap it: one space between words, as a reader types it.
+    rest[..rest.find('`').unwrap()]
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
