@@ -1,5 +1,6 @@
 //! Claims of the README that no other file tests: the publish body's bound
-//! (408), TLS 1.2 beside 1.3, and Server-Sent Events over TLS.
+//! (408), TLS 1.2 beside 1.3, Server-Sent Events over TLS, and `plugin_busy`
+//! for a publish past the tenant's plugin threads and queue.
 
 use crate::helpers::*;
 use crate::tls::{self_signed, spawn_tls};
@@ -153,5 +154,41 @@ async fn tls_1_2_clients_and_sse_over_tls_are_served() {
         assert!(n > 0, "closed: {seen}");
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
+    h.stop().await;
+}
+
+/// README: past `plugin_threads` calls at once and `plugin_queue` waiting, a
+/// publish gets `plugin_busy` (503, nothing published) — not a wait without
+/// end — and the one in the transform is published.
+#[tokio::test]
+async fn a_publish_past_the_plugin_threads_and_queue_is_plugin_busy() {
+    let h = spawn_host().await;
+    let limits = json!({"plugin_threads": 1, "plugin_queue": 0, "plugin_deadline_ms": 5000});
+    let key = h
+        .tenant(json!({"id":"busy","access":"public","config":{"record_ms":1500},"limits":limits}))
+        .await;
+    h.install_plugin("busy", "fixture_slow").await;
+    let mut ws = h.ws("busy").await;
+    ws.sub("c", 1).await;
+    let first = {
+        let (http, url, key) = (h.http.clone(), h.url("/v1/t/busy/publish"), key.clone());
+        tokio::spawn(async move {
+            publish_at(&http, &url, &key, json!({"ch":"c","data":"first"})).await
+        })
+    };
+    // The first is in its 1.5 s transform on the one plugin thread.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (s, v) = h
+        .publish("busy", &key, json!({"ch":"c","data":"second"}))
+        .await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("plugin_busy")),
+        "{v}"
+    );
+    let (s, v) = first.await.unwrap();
+    assert_eq!(s, 200, "{v}");
+    let m = ws.next().await;
+    assert_eq!(m["data"], "first", "{m}");
     h.stop().await;
 }

@@ -275,7 +275,7 @@ async fn metric_at(http: &reqwest::Client, url: &str, name_and_labels: &str) -> 
 }
 
 /// `POST url` with a publish key and a JSON body; (status, body).
-async fn publish_at(http: &reqwest::Client, url: &str, key: &str, body: Value) -> (u16, Value) {
+pub async fn publish_at(http: &reqwest::Client, url: &str, key: &str, body: Value) -> (u16, Value) {
     let r = http
         .post(url)
         .bearer_auth(key)
