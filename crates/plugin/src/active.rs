@@ -36,10 +36,15 @@ const POOL_MAX: usize = 4;
 /// directly.
 pub const INLINE_BUDGET: Duration = Duration::from_millis(2);
 
-/// Offloaded calls in a row, each under a quarter of the inline budget,
-/// after which a version that was moved off the workers for being slow
-/// runs inline again.
+/// How a version moved off the workers for being slow earns its way back:
+/// each offloaded call under a quarter of the inline budget adds one, one
+/// between that and the budget takes [`MIDDLING_COST`] back, one over the
+/// budget (or failed) starts again; at [`FAST_STREAK`] it runs inline.
+/// Calls overwhelmingly fast come back within a few hundred calls though a
+/// rare one is slow (a new instance, a busy machine); calls often slow
+/// never do, so a version does not flap between the lanes.
 const FAST_STREAK: u32 = 256;
+const MIDDLING_COST: u32 = 16;
 
 /// Records per `transform` call at most (the WIT promises it); a longer
 /// batch is run in parts.
@@ -57,6 +62,15 @@ const SLOW: u8 = 1;
 /// enters a runtime, which `plugin::wasi` exists to prevent; kept as the
 /// safety net).
 const BLOCKING: u8 = 2;
+
+/// `herald_plugin_call_moves_total{tenant, to, why}`: a version's calls
+/// moved off the runtime workers (`to="plugin_threads"`, `why` one of
+/// `"over_budget"`, `"slow_start"`, `"host_panic"` — which no plugin should
+/// cause) or back (`to="inline"`, `why="fast_again"`).
+fn moved(tenant: &str, to: &'static str, why: &'static str) {
+    metrics::counter!("herald_plugin_call_moves_total", "tenant" => tenant.to_string(), "to" => to, "why" => why)
+        .increment(1);
+}
 
 thread_local! {
     /// Set while a call runs inline on a runtime worker: `call` then gives
@@ -268,7 +282,7 @@ impl ActivePlugin {
             Err(e) => Err(match classify(e, store.data(), self.limits) {
                 PluginError::Trap(m, out) => PluginError::Instantiate(format!("{m}{out}")),
                 e @ PluginError::Timeout(..) => {
-                    self.demote(BLOCKING, "making an instance ran past the deadline");
+                    self.demote(BLOCKING, "slow_start");
                     e
                 }
                 other => other,
@@ -399,11 +413,11 @@ impl ActivePlugin {
             let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(self)));
             INLINE_CALL.set(was);
             match r {
-                Ok(Err(PluginError::OverBudget)) => self.demote(SLOW, "ran past the inline budget"),
+                Ok(Err(PluginError::OverBudget)) => self.demote(SLOW, "over_budget"),
                 // No pooled instance: this call makes one on a plugin thread.
                 Ok(Err(PluginError::Cold)) => {}
                 Ok(r) => return r,
-                Err(_) => self.demote(BLOCKING, "a call panicked the host"),
+                Err(_) => self.demote(BLOCKING, "host_panic"),
             }
         }
         self.offload(patience, f).await
@@ -458,8 +472,16 @@ impl ActivePlugin {
         if self.mode.load(Ordering::Relaxed) != SLOW {
             return;
         }
-        if !ok || took >= INLINE_BUDGET / 4 {
+        if !ok || took >= INLINE_BUDGET {
             self.fast_streak.store(0, Ordering::Relaxed);
+            return;
+        }
+        if took >= INLINE_BUDGET / 4 {
+            let _ = self
+                .fast_streak
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    Some(n.saturating_sub(MIDDLING_COST))
+                });
             return;
         }
         if self.fast_streak.fetch_add(1, Ordering::Relaxed) + 1 >= FAST_STREAK
@@ -469,13 +491,20 @@ impl ActivePlugin {
                 .is_ok()
         {
             self.fast_streak.store(0, Ordering::Relaxed);
+            moved(&self.tenant, "inline", "fast_again");
             tracing::info!(tenant = %self.tenant, version = self.version, "plugin calls are fast again; they run inline");
         }
     }
 
-    fn demote(&self, to: u8, why: &str) {
+    /// Moves the version's calls to lane `to`; `why` is the metric's label
+    /// (`over_budget`, `slow_start`: making an instance ran past the deadline,
+    /// `host_panic`).
+    fn demote(&self, to: u8, why: &'static str) {
         let from = self.mode.fetch_max(to, Ordering::Relaxed);
         if from < to {
+            if from == INLINE {
+                moved(&self.tenant, "plugin_threads", why);
+            }
             tracing::warn!(tenant = %self.tenant, version = self.version, why, "plugin calls move to the tenant's plugin threads");
         }
     }

@@ -111,6 +111,9 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
         wasi::add_sync_io(&mut linker, |s: &mut StoreState| wasi::SyncIo(&mut s.table))?;
+        wasi::deny_sockets(&mut linker, |s: &mut StoreState| {
+            wasi::NoSockets(&mut s.table)
+        })?;
         v2::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         v1::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         // The epoch clock: a thread that stops once the engine is gone.

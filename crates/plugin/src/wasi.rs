@@ -1,5 +1,5 @@
 //! The WASI a plugin sees: stdout and stderr captured, clocks frozen,
-//! randomness fixed, and streams that never block.
+//! randomness fixed, streams that never block, and no sockets.
 //!
 //! Owns: the guest's output buffer of one call, the deterministic clocks
 //! and random source, and the synchronous `wasi:io` implementation the
@@ -18,8 +18,14 @@ use std::time::Duration;
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::clocks::{HostMonotonicClock, HostWallClock};
+use wasmtime_wasi::p2::bindings::sockets::network::{self, ErrorCode, IpAddressFamily};
+use wasmtime_wasi::p2::bindings::sockets::tcp_create_socket;
 use wasmtime_wasi::p2::bindings::sync::io::{poll, streams};
-use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, DynPollable, StreamError, StreamResult};
+use wasmtime_wasi::p2::bindings::sync::sockets::udp_create_socket;
+use wasmtime_wasi::p2::{
+    DynInputStream, DynOutputStream, DynPollable, SocketError, SocketResult, StreamError,
+    StreamResult, TcpSocket, UdpSocket,
+};
 
 /// Bytes of a call's output kept: the last ones, where a traceback or a
 /// panic message ends.
@@ -222,6 +228,66 @@ pub fn add_sync_io<T: 'static>(
     poll::add_to_linker::<T, HasSyncIo>(linker, getter)?;
     linker.allow_shadowing(false);
     Ok(())
+}
+
+/// `wasi:sockets`' two constructors, denying at once. The sandbox allows no
+/// socket (no TCP, no UDP, no name lookups), but wasmtime-wasi's
+/// synchronous `create-udp-socket` `block_on`s its runtime first, which
+/// panics on a runtime worker (a guest's `UdpSocket::bind` did), and
+/// `create-tcp-socket` hands out a socket whose `start-bind` does the same.
+/// Without a socket no other `wasi:sockets` call has anything to act on.
+pub struct NoSockets<'a>(pub &'a mut ResourceTable);
+
+pub struct HasNoSockets;
+
+impl HasData for HasNoSockets {
+    type Data<'a> = NoSockets<'a>;
+}
+
+/// Replaces wasmtime-wasi's socket constructors in a linker that already
+/// has them (`add_to_linker_sync`).
+pub fn deny_sockets<T: 'static>(
+    linker: &mut Linker<T>,
+    getter: fn(&mut T) -> NoSockets<'_>,
+) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    tcp_create_socket::add_to_linker::<T, HasNoSockets>(linker, getter)?;
+    udp_create_socket::add_to_linker::<T, HasNoSockets>(linker, getter)?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+impl network::Host for NoSockets<'_> {
+    fn convert_error_code(&mut self, error: SocketError) -> wasmtime::Result<ErrorCode> {
+        error.downcast()
+    }
+
+    fn network_error_code(
+        &mut self,
+        err: Resource<network::Error>,
+    ) -> wasmtime::Result<Option<ErrorCode>> {
+        let err = self.0.get(&err)?;
+        Ok(err.downcast_ref::<std::io::Error>().map(ErrorCode::from))
+    }
+}
+
+impl network::HostNetwork for NoSockets<'_> {
+    fn drop(&mut self, this: Resource<network::Network>) -> wasmtime::Result<()> {
+        self.0.delete(this)?;
+        Ok(())
+    }
+}
+
+impl tcp_create_socket::Host for NoSockets<'_> {
+    fn create_tcp_socket(&mut self, _: IpAddressFamily) -> SocketResult<Resource<TcpSocket>> {
+        Err(ErrorCode::AccessDenied.into())
+    }
+}
+
+impl udp_create_socket::Host for NoSockets<'_> {
+    fn create_udp_socket(&mut self, _: IpAddressFamily) -> SocketResult<Resource<UdpSocket>> {
+        Err(ErrorCode::AccessDenied.into())
+    }
 }
 
 impl streams::Host for SyncIo<'_> {

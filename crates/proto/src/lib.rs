@@ -90,6 +90,8 @@ pub enum ErrorCode {
     NotSubscribed,
     /// The tenant's plugin failed; the request failed closed.
     PluginError,
+    /// The tenant's plugin threads and their queue are full; try again.
+    PluginBusy,
     /// The connection sent more operations than its budget allows.
     RateLimited,
     /// The tenant has as many channels as its subscribers may bring into being.
@@ -106,6 +108,7 @@ impl ErrorCode {
             ErrorCode::TooManySubscriptions => "too_many_subscriptions",
             ErrorCode::NotSubscribed => "not_subscribed",
             ErrorCode::PluginError => "plugin_error",
+            ErrorCode::PluginBusy => "plugin_busy",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::TooManyChannels => "too_many_channels",
         }

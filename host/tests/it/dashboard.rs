@@ -42,17 +42,17 @@ const PLUGIN: &str = "dash-plugin";
 const QUIET: &str = "dash-quiet";
 
 /// The repository's root (the crate is host/).
-fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn read(rel: &str) -> String {
+pub(crate) fn read(rel: &str) -> String {
     let path = repo().join(rel);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// A YAML file as JSON values (every key of these files is a string).
-fn yaml(rel: &str) -> Value {
+pub(crate) fn yaml(rel: &str) -> Value {
     serde_yaml::from_str(&read(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
@@ -103,7 +103,7 @@ fn container_path(mounts: &[(String, String)], rel: &str) -> Option<String> {
 }
 
 /// A compose service's environment variable (map or `KEY=value` list).
-fn env_var(service: &Value, key: &str) -> Option<String> {
+pub(crate) fn env_var(service: &Value, key: &str) -> Option<String> {
     match &service["environment"] {
         Value::Object(m) => m.get(key).map(|v| match v {
             Value::String(s) => s.clone(),

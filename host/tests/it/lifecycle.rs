@@ -127,6 +127,54 @@ async fn sigterm_drains_the_real_binary() {
     assert!(status.success(), "{status}");
 }
 
+/// `--shutdown-grace-secs`: sessions get that long to send what they have
+/// queued and close; one whose client stopped reading (its socket full)
+/// does not hold the process past it. With a grace of 2 s the node exits
+/// after it (it waited for the stuck session) and well before the 10 s
+/// default, saying it dropped the session.
+#[tokio::test]
+async fn a_stuck_session_holds_shutdown_no_longer_than_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &["--shutdown-grace-secs", "2"]).await;
+    let (s, v) = node
+        .admin(
+            Method::POST,
+            "/admin/v1/tenants",
+            json!({"id":"grace","access":"public","limits":{"slow_consumer":"drop-oldest"}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let key = v["publish_key"].as_str().unwrap().to_string();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", node.port).parse().unwrap();
+    let _stuck = stalled_subscriber_at(addr, &format!("ws://{addr}/v1/t/grace/ws")).await;
+    let big = "x".repeat(60_000);
+    for _ in 0..40 {
+        let (s, v) = node
+            .publish("grace", &key, json!({"ch":"c","data":big}))
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked = std::time::Instant::now();
+    let logs = node.logs_handle();
+    let status = node.terminate().await;
+    let took = asked.elapsed();
+    assert!(status.success(), "{status}");
+    assert!(
+        took >= Duration::from_millis(1800) && took < Duration::from_secs(8),
+        "exited {took:?} after SIGTERM with a 2 s grace and a stuck session"
+    );
+    // Its stderr may still be on its way to the test's reader.
+    let said = "sessions still open at the shutdown deadline";
+    for _ in 0..100 {
+        if logs.lock().unwrap().contains(said) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no {said:?} in {}", logs.lock().unwrap());
+}
+
 /// The same host on a Postgres registry, when the test script provides one.
 #[tokio::test]
 async fn postgres_registry_end_to_end() {

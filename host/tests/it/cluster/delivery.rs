@@ -412,16 +412,6 @@ async fn a_node_behind_the_client_sends_only_what_comes_after() {
     reg.finish([a, b]).await;
 }
 
-/// A public tenant made through `a`, once `b` serves it too; its key.
-async fn served_by_both(a: &Node, b: &Node, id: &str) -> String {
-    let key = create(a, json!({"id":id,"access":"public"})).await;
-    within(PROPAGATION, "the tenant on b", || async {
-        b.ws(id, "").await.is_ok()
-    })
-    .await;
-    key
-}
-
 /// A batch published again under its `Idempotency-Key` (a retry after the
 /// answer was lost) is answered with the same positions and logged once:
 /// subscribers get each message once. The key for a batch of another length

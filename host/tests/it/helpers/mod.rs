@@ -17,6 +17,9 @@ use tokio_tungstenite::tungstenite::Message;
 pub const ADMIN: &str = "test-admin-token-0123456789";
 pub const WAIT: Duration = Duration::from_secs(5);
 
+mod node;
+pub use node::{connect_from, Node};
+
 pub struct Host {
     pub addr: SocketAddr,
     pub http: reqwest::Client,
@@ -237,7 +240,20 @@ impl Host {
     }
 
     pub async fn sse(&self, tenant: &str, query: &str, last_event_id: Option<&str>) -> Sse {
-        let mut stream = TcpStream::connect(self.addr).await.unwrap();
+        sse_at(self.addr, tenant, query, last_event_id).await
+    }
+}
+
+/// An SSE stream of `tenant` on the server at `addr`, resumed from
+/// `last_event_id` when given; its status and headers read.
+pub async fn sse_at(
+    addr: SocketAddr,
+    tenant: &str,
+    query: &str,
+    last_event_id: Option<&str>,
+) -> Sse {
+    {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
         let mut req = format!(
             "GET /v1/t/{tenant}/sse?{query} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
         );
@@ -350,13 +366,16 @@ pub async fn ws_at(url: &str) -> Result<Ws, (u16, Value)> {
 /// A subscriber of `c` whose socket has a tiny receive buffer and that
 /// never reads: its queue fills under the tenant's slow-consumer policy.
 pub async fn stalled_subscriber(h: &Host, tenant: &str) -> Ws {
+    stalled_subscriber_at(h.addr, &h.ws_url(tenant)).await
+}
+
+/// [`stalled_subscriber`] of the server at `addr`, `url` its tenant's.
+pub async fn stalled_subscriber_at(addr: SocketAddr, url: &str) -> Ws {
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
     sock.set_recv_buffer_size(4096).unwrap();
-    let stream = sock.connect(h.addr).await.unwrap();
+    let stream = sock.connect(addr).await.unwrap();
     let plain = tokio_tungstenite::MaybeTlsStream::Plain(stream);
-    let (s, _) = tokio_tungstenite::client_async(h.ws_url(tenant), plain)
-        .await
-        .unwrap();
+    let (s, _) = tokio_tungstenite::client_async(url, plain).await.unwrap();
     let mut ws = Ws { s };
     ws.sub("c", 1).await;
     ws
@@ -389,8 +408,13 @@ impl Ws {
 
     /// The next JSON text frame (pings are answered by tungstenite).
     pub async fn next(&mut self) -> Value {
+        self.next_within(WAIT).await
+    }
+
+    /// The next text frame, each read given `within`.
+    pub async fn next_within(&mut self, within: Duration) -> Value {
         loop {
-            let m = tokio::time::timeout(WAIT, self.s.next())
+            let m = tokio::time::timeout(within, self.s.next())
                 .await
                 .expect("frame within deadline");
             match m.expect("stream open").expect("frame") {
@@ -487,7 +511,7 @@ impl Sse {
 pub async fn next_op(ws: &mut Ws, op: &str, within: Duration) -> Value {
     tokio::time::timeout(within, async {
         loop {
-            let m = ws.next().await;
+            let m = ws.next_within(within).await;
             if m["op"] == op {
                 return m;
             }
@@ -634,202 +658,4 @@ pub async fn ws_from_upgraded(stream: TcpStream) -> Ws {
     )
     .await;
     Ws { s }
-}
-
-/// A `herald serve` process of its own (several make a cluster), to stop,
-/// kill without a word, or start again on the same flags.
-pub struct Node {
-    child: tokio::process::Child,
-    pub port: u16,
-    pub http: reqwest::Client,
-    dir: PathBuf,
-    args: Vec<String>,
-}
-
-impl Node {
-    /// Starts one on `dir` with `args` beyond the listener, admin token and
-    /// data dir, and waits until it is ready.
-    pub async fn start(dir: &std::path::Path, args: &[&str]) -> Node {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        Node::spawn(dir.to_path_buf(), args, None, None).await
-    }
-
-    /// Starts one whose open-files limit (soft and hard) is `nofile`.
-    pub async fn start_limited(dir: &std::path::Path, args: &[&str], nofile: u64) -> Node {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        Node::spawn(dir.to_path_buf(), args, None, Some(nofile)).await
-    }
-
-    /// The process id (for reading /proc).
-    pub fn pid(&self) -> u32 {
-        self.child.id().unwrap()
-    }
-
-    /// The process's resident memory now, in bytes.
-    pub fn rss_bytes(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
-        let kib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().strip_suffix("kB"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap();
-        kib * 1024
-    }
-
-    /// Starts one on a given port (several with `--reuse-port` share it).
-    pub async fn start_on(dir: &std::path::Path, args: &[&str], port: u16) -> Node {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        Node::spawn(dir.to_path_buf(), args, Some(port), None).await
-    }
-
-    async fn spawn(
-        dir: PathBuf,
-        args: Vec<String>,
-        port: Option<u16>,
-        nofile: Option<u64>,
-    ) -> Node {
-        let port = port.unwrap_or_else(|| {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        });
-        // prlimit sets the limit on itself and execs herald: one process.
-        let mut cmd = match nofile {
-            Some(n) => {
-                let mut c = tokio::process::Command::new("prlimit");
-                c.arg(format!("--nofile={n}:{n}"))
-                    .arg("--")
-                    .arg(env!("CARGO_BIN_EXE_herald"));
-                c
-            }
-            None => tokio::process::Command::new(env!("CARGO_BIN_EXE_herald")),
-        };
-        let child = cmd
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--admin-token",
-                ADMIN,
-                "--log",
-                "warn",
-            ])
-            .arg("--data-dir")
-            .arg(&dir)
-            .args(&args)
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let ready = format!("http://127.0.0.1:{port}/readyz");
-        let deadline = tokio::time::Instant::now() + WAIT * 2;
-        while !reqwest::get(&ready).await.is_ok_and(|r| r.status() == 200) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "herald did not start"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Node {
-            child,
-            port,
-            http: reqwest::Client::new(),
-            dir,
-            args,
-        }
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    pub async fn admin(&self, method: reqwest::Method, path: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .http
-            .request(method, self.url(path))
-            .bearer_auth(ADMIN)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-    }
-
-    pub async fn publish(&self, tenant: &str, key: &str, body: Value) -> (u16, Value) {
-        publish_at(
-            &self.http,
-            &self.url(&format!("/v1/t/{tenant}/publish")),
-            key,
-            body,
-        )
-        .await
-    }
-
-    /// The sum of the metric lines starting with `name_and_labels`.
-    pub async fn metric(&self, name_and_labels: &str) -> f64 {
-        metric_at(&self.http, &self.url("/metrics"), name_and_labels).await
-    }
-
-    /// Opens a WebSocket; the HTTP status and body when refused.
-    pub async fn ws(&self, tenant: &str, query: &str) -> Result<Ws, (u16, Value)> {
-        ws_at(&format!(
-            "ws://127.0.0.1:{}/v1/t/{tenant}/ws?{query}",
-            self.port
-        ))
-        .await
-    }
-
-    pub async fn subscriber(&self, tenant: &str, ch: &str) -> Ws {
-        let mut ws = self.ws(tenant, "").await.expect("ws connect");
-        ws.sub(ch, 1).await;
-        ws
-    }
-
-    pub async fn upload_plugin(&self, tenant: &str, bytes: Vec<u8>) -> (u16, Value) {
-        upload_at(
-            &self.http,
-            &self.url(&format!("/admin/v1/tenants/{tenant}/plugins")),
-            bytes,
-        )
-        .await
-    }
-
-    /// Ends the process at once (SIGKILL): nothing is flushed or stored.
-    pub async fn kill(mut self) -> (PathBuf, Vec<String>, u16) {
-        self.signal("KILL");
-        self.child.wait().await.unwrap();
-        (self.dir.clone(), self.args.clone(), self.port)
-    }
-
-    /// Asks the process to stop (SIGTERM) and waits for it to exit.
-    pub async fn terminate(mut self) -> std::process::ExitStatus {
-        self.signal("TERM");
-        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
-            .await
-            .expect("herald exited after SIGTERM")
-            .unwrap()
-    }
-
-    fn signal(&self, name: &str) {
-        let pid = self.child.id().unwrap().to_string();
-        assert!(std::process::Command::new("kill")
-            .args([&format!("-{name}"), &pid])
-            .status()
-            .unwrap()
-            .success());
-    }
-
-    /// Starts a node again where a killed one ran: same flags, data and port.
-    pub async fn restart((dir, args, port): (PathBuf, Vec<String>, u16)) -> Node {
-        Node::spawn(dir, args, Some(port), None).await
-    }
-}
-
-/// A TCP connection to `addr` from the loopback address `ip` (127.0.0.0/8
-/// is all this machine's: one test, many client addresses).
-pub async fn connect_from(ip: &str, addr: std::net::SocketAddr) -> std::io::Result<TcpStream> {
-    let ip: std::net::IpAddr = ip.parse().expect("an address");
-    let s = tokio::net::TcpSocket::new_v4()?;
-    s.bind(std::net::SocketAddr::new(ip, 0))?;
-    s.connect(addr).await
 }

@@ -329,6 +329,10 @@ pub(super) fn refuse_sub(r: SubRefusal, id: Option<u64>, tenant: &Tenant, handle
                 handle,
             );
         }
+        SubRefusal::Failed("busy") => {
+            let msg = "the tenant's plugin threads and queue are full; try again later";
+            handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::PluginBusy, msg));
+        }
         SubRefusal::Failed(kind) => {
             let msg = format!("the tenant's plugin failed ({kind}); try again later");
             handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::PluginError, &msg));
