@@ -114,35 +114,44 @@ async fn a_slow_version_moves_to_plugin_threads_and_returns_inline_once_fast() {
                 .expect("let in");
         }
     };
-    // Fast calls stay inline.
-    for _ in 0..20 {
-        connect(0).await;
-    }
-    assert_eq!((h.metric(&off).await, h.metric(&back).await), (0.0, 0.0));
+    // The version runs inline while its moves off equal its moves back. A
+    // loaded machine may push even a fast call past the 2 ms budget once:
+    // each phase starts from where the version is, not from zero.
+    let lanes = || async { (h.metric(&off).await as u64, h.metric(&back).await as u64) };
+    let until_inline = |most: u32| async move {
+        let mut calls = 0;
+        loop {
+            let (o, b) = lanes().await;
+            if o == b {
+                return calls;
+            }
+            assert!(calls < most, "not inline again after {calls} fast calls");
+            for _ in 0..20 {
+                connect(0).await;
+            }
+            calls += 20;
+        }
+    };
+    until_inline(2000).await;
+    let (o, b) = lanes().await;
     connect(20).await;
     assert_eq!(
-        h.metric(&off).await,
-        1.0,
+        lanes().await,
+        (o + 1, b),
         "a 20 ms call moved the version off the workers"
     );
-    // Fewer than 256 fast calls: still off.
+    // Fewer than 256 fast calls cannot bring it back.
     for _ in 0..200 {
         connect(0).await;
     }
-    assert_eq!(h.metric(&back).await, 0.0, "back after 200 fast calls");
+    assert_eq!(lanes().await.1, b, "back after 200 fast calls");
     // Back within a few hundred more, though a debug build on a busy
     // machine makes a call slow now and then.
-    let mut calls = 200;
-    while h.metric(&back).await == 0.0 {
-        assert!(calls < 2000, "not inline again after {calls} fast calls");
-        for _ in 0..20 {
-            connect(0).await;
-        }
-        calls += 20;
-    }
+    let calls = 200 + until_inline(2000).await;
     eprintln!("inline again after {calls} fast calls");
+    let (o, b) = lanes().await;
     connect(20).await;
-    assert_eq!(h.metric(&off).await, 2.0, "a slow call moves it off again");
+    assert_eq!(lanes().await, (o + 1, b), "a slow call moves it off again");
     h.stop().await;
 }
 
