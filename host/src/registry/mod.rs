@@ -15,6 +15,7 @@ use std::path::Path;
 
 pub mod cursors;
 pub mod log;
+mod migrations;
 mod receipts;
 pub use receipts::Claim;
 
@@ -161,8 +162,8 @@ impl Registry {
             .connect(&url)
             .await?;
         match backend {
-            Backend::Sqlite => sqlx::migrate!("../migrations/sqlite").run(&pool).await?,
-            Backend::Postgres => sqlx::migrate!("../migrations/postgres").run(&pool).await?,
+            Backend::Sqlite => migrations::SQLITE.migrator().await?.run(&pool).await?,
+            Backend::Postgres => migrations::POSTGRES.migrator().await?.run(&pool).await?,
         }
         Ok(Registry { pool, backend })
     }
