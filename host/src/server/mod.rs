@@ -451,6 +451,10 @@ async fn check_sse(
                 session::SubRefusal::Denied(code, msg) => {
                     Refused::new(StatusCode::FORBIDDEN, &code, &msg)
                 }
+                session::SubRefusal::Busy => busy(
+                    "plugin_busy",
+                    "the tenant's plugin threads and queue are full; try again later",
+                ),
                 session::SubRefusal::Failed(kind) => busy(
                     &format!("plugin_{kind}"),
                     "the tenant's plugin failed to authorize this subscription",

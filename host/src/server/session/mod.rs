@@ -87,7 +87,10 @@ fn queue_end(reason: QueueClose, policy: &str) -> End {
 pub enum SubRefusal {
     /// The plugin (or the absence of one) said no: (code, message).
     Denied(String, String),
-    /// The plugin failed; the subscription fails closed. Carries the error kind.
+    /// The tenant's plugin threads and queue were full: try again later.
+    Busy,
+    /// The plugin failed; the subscription fails closed. Carries the error
+    /// kind (`PluginError::kind`).
     Failed(&'static str),
 }
 
@@ -137,9 +140,10 @@ async fn ask_plugin(
             tenant
                 .metrics
                 .plugin_failure("authorize_subscribe", e.kind());
-            if !matches!(e, crate::plugin::PluginError::Busy(_)) {
-                tracing::warn!(tenant = %tenant.id, kind = e.kind(), error = %e.for_log(), "authorize-subscribe failed; subscription refused");
+            if matches!(e, crate::plugin::PluginError::Busy(_)) {
+                return Err(SubRefusal::Busy);
             }
+            tracing::warn!(tenant = %tenant.id, kind = e.kind(), error = %e.for_log(), "authorize-subscribe failed; subscription refused");
             Err(SubRefusal::Failed(e.kind()))
         }
     }

@@ -329,7 +329,7 @@ pub(super) fn refuse_sub(r: SubRefusal, id: Option<u64>, tenant: &Tenant, handle
                 handle,
             );
         }
-        SubRefusal::Failed("busy") => {
+        SubRefusal::Busy => {
             let msg = "the tenant's plugin threads and queue are full; try again later";
             handle.deliver_ctrl("err", &proto::encode_err(id, ErrorCode::PluginBusy, msg));
         }
