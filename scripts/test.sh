@@ -43,6 +43,60 @@ step() {
     printf '== %s: %d s\n' "$name" "$took"
 }
 
+# The wasm components and the SDK's own tests build in one background lane
+# beside the test build (cargo's build of the tests leaves about a third of
+# the two cores idle in its long single-crate stretches): each is a step with
+# its bound and time as above, its output kept in a log printed by
+# `lane_join`, which fails the run if any of them failed.
+LANE_DIR="$(mktemp -d /tmp/herald-lane.XXXXXX)"
+LANE=()
+lane_add() { LANE+=("$(printf '%s\t%s\t%s' "$1" "$2" "$3")"); }
+lane_run() {
+    local i=0 line name secs cmd rc t0
+    for line in "${LANE[@]}"; do
+        IFS=$'\t' read -r name secs cmd <<<"$line"
+        t0=$SECONDS rc=0
+        timeout --kill-after=30 "$secs" bash -c "$cmd" >"$LANE_DIR/$i.log" 2>&1 || rc=$?
+        echo "$rc $((SECONDS - t0))" >"$LANE_DIR/$i.rc"
+        [ "$rc" -ne 0 ] && break
+        i=$((i + 1))
+    done
+}
+lane_start() {
+    log "started in the background, beside the next steps:"
+    local line
+    for line in "${LANE[@]}"; do printf '   %s (at most %s s)\n' "${line%%$'\t'*}" "$(cut -f2 <<<"$line")"; done
+    lane_run &
+    LANE_PID=$!
+}
+lane_join() {
+    wait "$LANE_PID" || true
+    local i=0 line name secs rc took failed=0
+    for line in "${LANE[@]}"; do
+        IFS=$'\t' read -r name secs _ <<<"$line"
+        log "$name (ran in the background)"
+        cat "$LANE_DIR/$i.log" 2>/dev/null || true
+        if [ ! -f "$LANE_DIR/$i.rc" ]; then
+            STEPS+=("$(printf '%6s    %s  NOT RUN (an earlier background step failed)' '-' "$name")")
+            failed=1
+        else
+            read -r rc took <"$LANE_DIR/$i.rc"
+            if [ "$rc" -ne 0 ]; then
+                local why="exit $rc"
+                [ "$rc" -eq 124 ] && why="over its bound of ${secs} s"
+                STEPS+=("$(printf '%6d s  %s (background)  FAILED (%s)' "$took" "$name" "$why")")
+                printf '\n== %s FAILED (%s) after %d s\n' "$name" "$why" "$took"
+                failed=1
+            else
+                STEPS+=("$(printf '%6d s  %s (background)' "$took" "$name")")
+                printf '== %s: %d s\n' "$name" "$took"
+            fi
+        fi
+        i=$((i + 1))
+    done
+    [ "$failed" -eq 0 ] || exit 1
+}
+
 toolchain() {
     rustup target add wasm32-wasip2 >/dev/null 2>&1 || rustup target add wasm32-wasip2
     if ! pkg-config --exists openssl 2>/dev/null; then
@@ -77,6 +131,13 @@ cleanup() {
         runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast stop >/dev/null 2>&1 || true
     fi
     rm -rf "$PG_DIR"
+    # A background step still running when the run ends early: its
+    # `timeout` passes the signal on to what it runs.
+    if [ -n "${LANE_PID:-}" ] && kill -0 "$LANE_PID" 2>/dev/null; then
+        pkill -TERM -P "$LANE_PID" 2>/dev/null || true
+        kill "$LANE_PID" 2>/dev/null || true
+    fi
+    rm -rf "$LANE_DIR"
     summary
     exit "$rc"
 }
@@ -110,10 +171,10 @@ export HERALD_REQUIRE_POSTGRES=1
 step "benchmark peers (nginx + nchan from Debian, Python websockets from PyPI) for the bench smoke runs" \
     900 bash bench/peers/install.sh
 
-step "plugins (wasm32-wasip2 components the integration tests load)" 1200 ./plugins/build.sh
-
-step "the example plugin in Python, JavaScript and C (the conformance suite's components)" \
+lane_add "plugins (wasm32-wasip2 components the integration tests load)" 1200 ./plugins/build.sh
+lane_add "the example plugin in Python, JavaScript and C (the conformance suite's components)" \
     1200 ./plugins/example/build.sh
+lane_add "sdk unit tests" 900 'cd sdk && cargo test --locked'
 
 # npm ci, skipped while node_modules was installed from these very
 # package.json and package-lock.json (their sha256 is kept beside it).
@@ -149,7 +210,6 @@ step "Autobahn testsuite 0.8.2 (PyPI) under Python 2.7" 900 bash scripts/autobah
 # tests/it/autobahn.rs runs its fuzzing client against Herald's session path.
 export HERALD_AUTOBAHN="$AB_DIR/wstest" HERALD_REQUIRE_AUTOBAHN=1
 
-step "sdk unit tests" 900 bash -c 'cd sdk && cargo test --locked'
 
 # cargo-nextest runs the workspace's tests, each in a process of its own,
 # under the bounds and groups of .config/nextest.toml.
@@ -159,7 +219,9 @@ install_nextest() {
 export -f install_nextest
 step "cargo-nextest (crates.io, when missing)" 1200 bash -c install_nextest
 
+lane_start
 step "build the tests" 2400 bash -c 'cargo nextest list --workspace --locked >/dev/null'
+lane_join
 step "every workspace test, one process each (unit, integration, layers, bench smoke, browser, schemathesis, Autobahn)" \
     3600 cargo nextest run --workspace --locked
 echo "per-test durations: target/nextest/default/junit.xml"
