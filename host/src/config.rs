@@ -248,6 +248,11 @@ pub struct LimitArgs {
     /// Client operations a connection may send at once above the rate.
     #[arg(long, env = "HERALD_CLIENT_OPS_BURST", default_value_t = D.client_ops_burst)]
     pub client_ops_burst: u32,
+    /// permessage-deflate (RFC 7692) for WebSocket clients that offer it:
+    /// messages of at least this many bytes go compressed, once per message
+    /// and audience; 0 (the default) agrees to no compression.
+    #[arg(long, env = "HERALD_DEFLATE_MIN_BYTES", default_value_t = D.deflate_min_bytes)]
+    pub deflate_min_bytes: usize,
     /// Largest plugin component accepted for upload, in MiB.
     #[arg(long, env = "HERALD_PLUGIN_MAX_MIB", default_value_t = D.plugin_max_bytes >> 20)]
     pub plugin_max_mib: usize,
@@ -514,6 +519,7 @@ impl ServeArgs {
                 plugin_queue: l.plugin_queue,
                 client_ops_per_sec: l.client_ops_per_sec,
                 client_ops_burst: l.client_ops_burst,
+                deflate_min_bytes: l.deflate_min_bytes,
             },
         };
         // The defaults must pass the checks a tenant's overrides pass.

@@ -46,6 +46,9 @@ pub struct TenantMetrics {
     pub opened_sse: Counter,
     pub subscriptions: Gauge,
     pub frames_sent: Counter,
+    /// Messages compressed for permessage-deflate sessions: one per
+    /// message and audience, however many sessions it is sent to.
+    pub deflated: Counter,
     pub writes: Counter,
     pub published: Counter,
     pub conflated: Counter,
@@ -80,6 +83,7 @@ impl TenantMetrics {
             subscriptions: gauge!("herald_subscriptions", "tenant" => t.clone()),
             frames_sent: counter!("herald_frames_sent_total", "tenant" => t.clone()),
             writes: counter!("herald_socket_writes_total", "tenant" => t.clone()),
+            deflated: counter!("herald_ws_deflated_total", "tenant" => t.clone()),
             published: counter!("herald_messages_published_total", "tenant" => t.clone()),
             conflated: slow("conflated"),
             dropped: slow("dropped"),

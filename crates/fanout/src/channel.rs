@@ -381,6 +381,7 @@ impl Channel {
                 at_ms: now_ms,
                 ws: ws::encode_frame(ws::OpCode::Text, json.as_bytes()),
                 sse: sse::encode_event_body("msg", &json),
+                deflated: std::sync::OnceLock::new(),
             })
         };
         let mut out = Vec::with_capacity(variants.len());

@@ -83,9 +83,32 @@ pub struct Published {
     pub ws: Bytes,
     /// The SSE event body without its `id:` line.
     pub sse: Bytes,
+    /// The WebSocket frame compressed (permessage-deflate, the largest
+    /// window), made by the first session that sends it and shared by every
+    /// other: one compression per message and audience.
+    pub deflated: std::sync::OnceLock<Bytes>,
 }
 
 impl Published {
+    /// The compressed frame for a session that agreed to a window of
+    /// `window_bits`, and whether this call made it (a compression, not a
+    /// share). The largest window, which every client but a rare one asks
+    /// for, is made once and kept; another is made for the session alone.
+    pub fn ws_deflated(&self, window_bits: u8) -> (Bytes, bool) {
+        if window_bits < proto::deflate::MAX_WINDOW_BITS {
+            return (deflate_frame(&self.ws, window_bits), true);
+        }
+        if let Some(b) = self.deflated.get() {
+            return (b.clone(), false);
+        }
+        let mut made = false;
+        let b = self.deflated.get_or_init(|| {
+            made = true;
+            deflate_frame(&self.ws, window_bits)
+        });
+        (b.clone(), made)
+    }
+
     pub fn wire_bytes(&self, wire: Wire) -> &Bytes {
         match wire {
             Wire::Ws => &self.ws,
@@ -105,8 +128,24 @@ impl Published {
             at_ms: 0,
             ws: Bytes::from(vec![b'x'; size]),
             sse: Bytes::from(vec![b'x'; size]),
+            deflated: std::sync::OnceLock::new(),
         }
     }
+}
+
+/// A plain server frame's message compressed into a frame with RSV1 set.
+pub fn deflate_frame(frame: &[u8], window_bits: u8) -> Bytes {
+    let opcode = match frame.first().map(|b| b & 0x0f) {
+        Some(2) => proto::ws::OpCode::Binary,
+        _ => proto::ws::OpCode::Text,
+    };
+    let mut out = Vec::new();
+    proto::deflate::compress(
+        proto::ws::server_frame_payload(frame),
+        window_bits,
+        &mut out,
+    );
+    proto::ws::encode_compressed_frame(opcode, &out)
 }
 
 /// How much history each channel keeps for resume.

@@ -6,6 +6,7 @@
 //! already JSON is embedded as-is and never re-encoded per subscriber. Must never
 //! touch sockets, clocks or tenant state.
 
+pub mod deflate;
 pub mod sse;
 pub mod ws;
 

@@ -66,6 +66,8 @@ pub enum FrameError {
     TooBig { size: u64, limit: usize },
     #[error("text message is not valid UTF-8")]
     BadUtf8,
+    #[error("compressed message is not valid DEFLATE data")]
+    BadDeflate,
 }
 
 impl FrameError {
@@ -73,7 +75,7 @@ impl FrameError {
         match self {
             FrameError::Protocol(_) => close::PROTOCOL,
             FrameError::TooBig { .. } => close::TOO_BIG,
-            FrameError::BadUtf8 => close::BAD_DATA,
+            FrameError::BadUtf8 | FrameError::BadDeflate => close::BAD_DATA,
         }
     }
 }
@@ -116,6 +118,8 @@ pub mod close {
 pub struct FrameHead {
     pub fin: bool,
     pub opcode: OpCode,
+    /// RSV1: the message this frame begins is compressed (permessage-deflate).
+    pub compressed: bool,
     /// Payload range inside the buffer passed to [`decode_frame`].
     pub payload_start: usize,
     pub payload_len: usize,
@@ -144,17 +148,35 @@ pub fn decode_frame(
     role: Role,
     max_payload: usize,
 ) -> Result<Option<FrameHead>, FrameError> {
+    decode_frame_with(buf, role, max_payload, false)
+}
+
+/// [`decode_frame`] on a connection that agreed to permessage-deflate
+/// (`deflate`): RSV1 may then mark the first frame of a data message.
+pub fn decode_frame_with(
+    buf: &mut [u8],
+    role: Role,
+    max_payload: usize,
+    deflate: bool,
+) -> Result<Option<FrameHead>, FrameError> {
     if buf.len() < 2 {
         return Ok(None);
     }
     let b0 = buf[0];
     let b1 = buf[1];
-    if b0 & 0x70 != 0 {
+    let allowed = if deflate { 0x40 } else { 0 };
+    if b0 & 0x70 & !allowed != 0 {
         return Err(FrameError::Protocol(
             "reserved bits set without an extension",
         ));
     }
+    let compressed = b0 & 0x40 != 0;
     let opcode = OpCode::from_u8(b0 & 0x0f).ok_or(FrameError::Protocol("unknown opcode"))?;
+    if compressed && !matches!(opcode, OpCode::Text | OpCode::Binary) {
+        return Err(FrameError::Protocol(
+            "RSV1 on a control or continuation frame",
+        ));
+    }
     let fin = b0 & 0x80 != 0;
     let masked = b1 & 0x80 != 0;
     match (role, masked) {
@@ -215,6 +237,7 @@ pub fn decode_frame(
     Ok(Some(FrameHead {
         fin,
         opcode,
+        compressed,
         payload_start: pos,
         payload_len: len,
     }))
@@ -235,7 +258,8 @@ pub enum Message {
 /// fragmented message is in flight.
 #[derive(Debug, Default)]
 pub struct Assembler {
-    partial: Option<(OpCode, Vec<u8>)>,
+    /// The message's opcode, whether it is compressed, its bytes so far.
+    partial: Option<(OpCode, bool, Vec<u8>)>,
 }
 
 impl Assembler {
@@ -269,7 +293,7 @@ impl Assembler {
                 Ok(Some(Message::Close(code)))
             }
             OpCode::Continuation => {
-                let Some((_, buf)) = self.partial.as_mut() else {
+                let Some((_, _, buf)) = self.partial.as_mut() else {
                     return Err(FrameError::Protocol(
                         "continuation without a started message",
                     ));
@@ -286,8 +310,8 @@ impl Assembler {
                 if !head.fin {
                     return Ok(None);
                 }
-                let (op, buf) = self.partial.take().expect("checked above");
-                finish(op, buf).map(Some)
+                let (op, compressed, buf) = self.partial.take().expect("checked above");
+                finish(op, compressed, buf, max_message).map(Some)
             }
             OpCode::Text | OpCode::Binary => {
                 if self.partial.is_some() {
@@ -296,16 +320,29 @@ impl Assembler {
                     ));
                 }
                 if head.fin {
-                    return finish(head.opcode, payload.to_vec()).map(Some);
+                    return finish(head.opcode, head.compressed, payload.to_vec(), max_message)
+                        .map(Some);
                 }
-                self.partial = Some((head.opcode, payload.to_vec()));
+                self.partial = Some((head.opcode, head.compressed, payload.to_vec()));
                 Ok(None)
             }
         }
     }
 }
 
-fn finish(op: OpCode, buf: Vec<u8>) -> Result<Message, FrameError> {
+/// A whole message: inflated (at most `max_message` bytes) if it came
+/// compressed, checked as UTF-8 if it is text.
+fn finish(
+    op: OpCode,
+    compressed: bool,
+    buf: Vec<u8>,
+    max_message: usize,
+) -> Result<Message, FrameError> {
+    let buf = if compressed {
+        crate::deflate::inflate(&buf, max_message)?
+    } else {
+        buf
+    };
     if op == OpCode::Text {
         if std::str::from_utf8(&buf).is_err() {
             return Err(FrameError::BadUtf8);
@@ -336,6 +373,27 @@ pub fn encode_frame(opcode: OpCode, payload: &[u8]) -> Bytes {
     put_head(&mut out, opcode, payload.len(), false);
     out.extend_from_slice(payload);
     out.freeze()
+}
+
+/// Encodes an unmasked server frame whose payload is `compressed`, a message
+/// compressed by [`crate::deflate::compress`] (RSV1 set).
+pub fn encode_compressed_frame(opcode: OpCode, compressed: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(compressed.len() + 10);
+    put_head(&mut out, opcode, compressed.len(), false);
+    out[0] |= 0x40;
+    out.extend_from_slice(compressed);
+    out.freeze()
+}
+
+/// The payload of an unmasked frame `encode_frame` made.
+pub fn server_frame_payload(frame: &[u8]) -> &[u8] {
+    let start = match frame.get(1).map(|b| b & 0x7f) {
+        Some(126) => 4,
+        Some(127) => 10,
+        Some(_) => 2,
+        None => return &[],
+    };
+    frame.get(start..).unwrap_or(&[])
 }
 
 /// Encodes a masked client frame (tests and the load generator).
@@ -475,6 +533,7 @@ mod tests {
         let h = |fin, opcode, len| FrameHead {
             fin,
             opcode,
+            compressed: false,
             payload_start: 0,
             payload_len: len,
         };

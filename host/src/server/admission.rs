@@ -226,6 +226,7 @@ fn check_admission(
             session: None,
             remote: None,
             origin: None,
+            deflate: None,
         }));
     }
     let Some(p) = t.plugin() else {
@@ -261,6 +262,7 @@ async fn authorize_connect(
             session: Some(Arc::new(session)),
             remote: None,
             origin: None,
+            deflate: None,
         }),
         Ok(Err(denial)) => {
             t.metrics.refused("denied");

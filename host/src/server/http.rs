@@ -223,6 +223,13 @@ fn switching_protocols(hs: &super::Handshake) -> Response<Body> {
             header::HeaderValue::from_static(p),
         );
     }
+    if let Some(v) = hs
+        .extensions
+        .as_deref()
+        .and_then(|e| header::HeaderValue::from_str(e).ok())
+    {
+        h.insert(header::SEC_WEBSOCKET_EXTENSIONS, v);
+    }
     r
 }
 

@@ -129,8 +129,13 @@ pub(super) async fn front_door(
                     .protocol
                     .map(|p| format!("Sec-WebSocket-Protocol: {p}\r\n"))
                     .unwrap_or_default();
+                let extensions = hs
+                    .extensions
+                    .as_ref()
+                    .map(|e| format!("Sec-WebSocket-Extensions: {e}\r\n"))
+                    .unwrap_or_default();
                 let response = format!(
-                    "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n{protocol}\r\n",
+                    "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n{protocol}{extensions}\r\n",
                     hs.accept
                 );
                 if stream.write_all(response.as_bytes()).await.is_err() {
@@ -216,6 +221,8 @@ pub struct Admitted {
     /// The `Origin` it was admitted with: a change of the tenant's
     /// `allowed_origins` re-checks it (revocation).
     pub origin: Option<Box<str>>,
+    /// permessage-deflate as agreed in the handshake (WebSocket only).
+    pub deflate: Option<proto::deflate::Agreed>,
 }
 
 /// The WebSocket subprotocol Herald speaks; a browser client offers it
@@ -321,13 +328,23 @@ async fn open_ws(
             ));
         }
     }
+    let mut admitted = admit(app, tenant, "ws", head, peer).await?;
+    // Compression only for a tenant that turned it on, and only as offered.
+    if admitted.slot.tenant.settings().limits.deflate_min_bytes > 0 {
+        admitted.deflate = proto::deflate::negotiate(
+            head.headers
+                .iter()
+                .filter(|(n, _)| n == "sec-websocket-extensions")
+                .map(|(_, v)| v.as_str()),
+        );
+    }
     let hs = Handshake {
         accept: ws::accept_key(key),
         protocol: offered_protocols(head)
             .any(|p| p == PROTOCOL)
             .then_some(PROTOCOL),
+        extensions: admitted.deflate.map(|a| a.response()),
     };
-    let admitted = admit(app, tenant, "ws", head, peer).await?;
     Ok((hs, admitted))
 }
 
@@ -337,6 +354,8 @@ pub(super) struct Handshake {
     /// The subprotocol chosen; a client that offered `herald.v1` gets it
     /// (a browser fails a handshake that offered protocols and got none).
     pub protocol: Option<&'static str>,
+    /// `Sec-WebSocket-Extensions` of the answer (permessage-deflate).
+    pub extensions: Option<String>,
 }
 
 /// Runs an admitted WebSocket session whose 101 was sent. `early` holds

@@ -53,6 +53,10 @@ pub struct TenantLimits {
     /// the burst above it (a client subscribing to all its channels at once).
     pub client_ops_per_sec: f64,
     pub client_ops_burst: u32,
+    /// permessage-deflate (RFC 7692): messages of at least this many bytes
+    /// go compressed to WebSocket clients that offered it; 0 turns it off
+    /// (the handshake then agrees to no compression).
+    pub deflate_min_bytes: usize,
 }
 
 /// A public tenant's default share of the process's sessions (percent).
@@ -94,6 +98,7 @@ impl TenantLimits {
         plugin_queue: 64,
         client_ops_per_sec: 50.0,
         client_ops_burst: 300,
+        deflate_min_bytes: 0,
     };
 }
 
@@ -192,6 +197,8 @@ pub struct LimitOverrides {
     pub client_ops_per_sec: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_ops_burst: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deflate_min_bytes: Option<usize>,
 }
 
 impl LimitOverrides {
@@ -237,6 +244,7 @@ impl LimitOverrides {
                 .client_ops_per_sec
                 .unwrap_or(defaults.client_ops_per_sec),
             client_ops_burst: self.client_ops_burst.unwrap_or(defaults.client_ops_burst),
+            deflate_min_bytes: self.deflate_min_bytes.unwrap_or(defaults.deflate_min_bytes),
         };
         if !(l.client_ops_per_sec > 0.0 && l.client_ops_per_sec.is_finite())
             || l.client_ops_burst == 0

@@ -12,6 +12,7 @@ mod cluster;
 mod compose;
 mod conformance;
 pub(crate) mod dashboard;
+mod deflate;
 mod first_start;
 mod frontdoor;
 mod guides;

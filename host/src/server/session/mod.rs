@@ -190,6 +190,7 @@ mod tests {
                 session: None,
                 remote: None,
                 origin: None,
+                deflate: None,
             },
         );
         let ws = std::mem::size_of_val(&fut);
@@ -213,6 +214,7 @@ mod tests {
                 session: None,
                 remote: None,
                 origin: None,
+                deflate: None,
             },
         ));
         eprintln!("session futures: ws {ws} B, sse {sse} B");

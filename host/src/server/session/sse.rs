@@ -57,6 +57,7 @@ pub async fn run_sse(app: Arc<Server>, stream: TcpStream, req: SseRequest, admit
         session,
         remote,
         origin,
+        deflate: _,
     } = admitted;
     let tenant = slot.tenant.clone();
     let settings = tenant.settings();

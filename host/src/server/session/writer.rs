@@ -10,6 +10,7 @@ use super::sse::SseState;
 use super::End;
 use crate::fanout::queue::Item;
 use crate::fanout::session::SessionHandle;
+use crate::fanout::Published;
 use crate::tenant::Tenant;
 use bytes::{Buf, Bytes, BytesMut};
 use std::collections::VecDeque;
@@ -25,9 +26,44 @@ const MAX_IOV: usize = 64;
 #[derive(Default)]
 pub(super) struct Unwritten {
     bufs: VecDeque<Bytes>,
+    /// permessage-deflate, when the WebSocket session agreed to it.
+    pub(super) deflate: Option<Deflate>,
+}
+
+/// permessage-deflate as a WebSocket session agreed to it: messages of at
+/// least `min_bytes` go compressed within a window of 2^`window_bits`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deflate {
+    pub window_bits: u8,
+    pub min_bytes: usize,
+}
+
+impl Deflate {
+    fn applies(&self, m: &Published) -> bool {
+        crate::proto::ws::server_frame_payload(&m.ws).len() >= self.min_bytes
+    }
+
+    /// The frame this session sends for `m`; a compression is counted.
+    fn frame(&self, m: &Published, tenant: &Tenant) -> Bytes {
+        if !self.applies(m) {
+            return m.ws.clone();
+        }
+        let (b, made) = m.ws_deflated(self.window_bits);
+        if made {
+            tenant.metrics.deflated.increment(1);
+        }
+        b
+    }
 }
 
 impl Unwritten {
+    pub(super) fn with_deflate(deflate: Option<Deflate>) -> Unwritten {
+        Unwritten {
+            bufs: VecDeque::new(),
+            deflate,
+        }
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.bufs.is_empty()
     }
@@ -126,7 +162,10 @@ pub(super) fn send_queued(
         return Ok(());
     }
     tenant.metrics.frames_sent.increment(items.len() as u64);
-    if sse.is_none() && out.is_empty() {
+    let shared_window = out
+        .deflate
+        .is_none_or(|d| d.window_bits >= crate::proto::deflate::MAX_WINDOW_BITS);
+    if sse.is_none() && out.is_empty() && shared_window {
         return write_direct(stream, items, out, tenant);
     }
     let mut ids = BytesMut::new();
@@ -135,7 +174,13 @@ pub(super) fn send_queued(
         match item {
             Item::Ctrl(b) => out.bufs.push_back(b),
             Item::Msg(m) => match sse.as_deref_mut() {
-                None => out.bufs.push_back(m.ws.clone()),
+                None => {
+                    let frame = match out.deflate {
+                        Some(d) => d.frame(&m, tenant),
+                        None => m.ws.clone(),
+                    };
+                    out.bufs.push_back(frame)
+                }
                 Some(state) => {
                     out.bufs.push_back(m.sse.clone());
                     let start = ids.len();
@@ -164,16 +209,33 @@ fn write_direct(
     out: &mut Unwritten,
     tenant: &Tenant,
 ) -> Result<(), End> {
-    fn bytes(i: &Item) -> &Bytes {
+    // Compressed frames are made (or found made) first, then borrowed
+    // from the message like plain ones.
+    let deflate = out.deflate.filter(|d| {
+        items
+            .iter()
+            .any(|i| matches!(i, Item::Msg(m) if d.applies(m)))
+    });
+    if let Some(d) = deflate {
+        for it in &items {
+            if let Item::Msg(m) = it {
+                d.frame(m, tenant);
+            }
+        }
+    }
+    fn wire(i: &Item, deflate: Option<Deflate>) -> &Bytes {
         match i {
-            Item::Msg(m) => &m.ws,
+            Item::Msg(m) => match (deflate, m.deflated.get()) {
+                (Some(d), Some(z)) if d.applies(m) => z,
+                _ => &m.ws,
+            },
             Item::Ctrl(b) => b,
         }
     }
     let mut slices = [IoSlice::new(&[]); MAX_IOV];
     let n = items.len().min(MAX_IOV);
     for (slot, it) in slices.iter_mut().zip(items.iter()) {
-        *slot = IoSlice::new(bytes(it));
+        *slot = IoSlice::new(wire(it, deflate));
     }
     let mut written = match stream.try_write_vectored(&slices[..n]) {
         Ok(w) => {
@@ -184,7 +246,7 @@ fn write_direct(
         Err(_) => return Err(End::Io),
     };
     for it in &items {
-        let b = bytes(it);
+        let b = wire(it, deflate);
         if written >= b.len() {
             written -= b.len();
             continue;

@@ -5,7 +5,7 @@
 //! waits for the plugin stops decoding until it is settled; a client silent
 //! for two heartbeats is closed with 4002, one that answers pings never is.
 
-use super::writer::{finish, flush, interest, load_and_flush, send_queued, Unwritten};
+use super::writer::{finish, flush, interest, load_and_flush, send_queued, Deflate, Unwritten};
 use super::{ask_plugin, check_subscribe, queue_end, End, SubCheck, SubRefusal, READ_BUDGET};
 use crate::clock::now_ms;
 use crate::fanout::queue::Wire;
@@ -41,6 +41,8 @@ struct SessionLimits {
     /// The Autobahn testee (`--echo-tenant`): text and binary messages are
     /// sent back as they came instead of being read as client operations.
     echo: bool,
+    /// permessage-deflate, as agreed in the handshake.
+    deflate: Option<Deflate>,
 }
 
 /// State of a WebSocket session's reader.
@@ -91,8 +93,16 @@ pub async fn run_ws(app: Arc<Server>, stream: TcpStream, early: Vec<u8>, admitte
         session,
         remote,
         origin,
+        deflate,
     } = admitted;
-    let mut s = WsSession::open(&app, slot.tenant.clone(), session, early, remote, origin);
+    let mut s = WsSession::open(
+        &app,
+        slot.tenant.clone(),
+        session,
+        early,
+        (remote, origin),
+        deflate,
+    );
     let end = match s.read_early().await {
         Ok(()) => s.serve(&stream, app.settings.heartbeat).await,
         Err(end) => end,
@@ -125,8 +135,8 @@ impl WsSession {
         tenant: Arc<Tenant>,
         session: Option<Arc<Grant>>,
         early: Vec<u8>,
-        remote: Option<std::net::SocketAddr>,
-        origin: Option<Box<str>>,
+        (remote, origin): (Option<std::net::SocketAddr>, Option<Box<str>>),
+        deflate: Option<crate::proto::deflate::Agreed>,
     ) -> WsSession {
         let frame_deadline = server.settings.head_timeout;
         let sources = &server.sources;
@@ -141,6 +151,10 @@ impl WsSession {
             ops_per_sec: settings.limits.client_ops_per_sec,
             ops_burst: settings.limits.client_ops_burst,
             echo,
+            deflate: deflate.map(|a| Deflate {
+                window_bits: a.server_window_bits,
+                min_bytes: settings.limits.deflate_min_bytes,
+            }),
         };
         let audience = session
             .as_ref()
@@ -155,6 +169,7 @@ impl WsSession {
             info,
         );
         drop(settings);
+        let out_deflate = limits.deflate;
         tenant.metrics.opened_ws.increment(1);
         // Shutdown, deletion and access changes close the session through its
         // handle: no waiter of its own, no lock per frame.
@@ -173,7 +188,7 @@ impl WsSession {
                 session,
                 ops: OpBudget::new(ops_burst, Instant::now()),
             },
-            out: Unwritten::default(),
+            out: Unwritten::with_deflate(out_deflate),
             registration,
             last_seen: Instant::now(),
             parked: false,

@@ -111,10 +111,11 @@ impl WsReader {
     ) -> Result<(usize, Option<PendingSub>), End> {
         let mut used = 0;
         loop {
-            let head = match ws::decode_frame(
+            let head = match ws::decode_frame_with(
                 &mut data[used..],
                 Role::FromClient,
                 limits.max_message_bytes,
+                limits.deflate.is_some(),
             ) {
                 Ok(Some(h)) => h,
                 Ok(None) => return Ok((used, None)),
@@ -129,10 +130,10 @@ impl WsReader {
             if limits.echo {
                 match msg {
                     Some(Message::Text(t)) => {
-                        handle.deliver_raw(ws::encode_frame(ws::OpCode::Text, &t));
+                        handle.deliver_raw(echo_frame(ws::OpCode::Text, &t, limits));
                     }
                     Some(Message::Binary(b)) => {
-                        handle.deliver_raw(ws::encode_frame(ws::OpCode::Binary, &b));
+                        handle.deliver_raw(echo_frame(ws::OpCode::Binary, &b, limits));
                     }
                     Some(Message::Ping(p)) => {
                         handle.deliver_raw(ws::encode_frame(ws::OpCode::Pong, &p));
@@ -340,10 +341,23 @@ pub(super) fn refuse_sub(r: SubRefusal, id: Option<u64>, tenant: &Tenant, handle
     }
 }
 
+/// The echo testee's answer: compressed as the session agreed.
+fn echo_frame(op: ws::OpCode, payload: &[u8], limits: &SessionLimits) -> Bytes {
+    match limits.deflate {
+        Some(d) if payload.len() >= d.min_bytes => {
+            let mut z = Vec::new();
+            crate::proto::deflate::compress(payload, d.window_bits, &mut z);
+            ws::encode_compressed_frame(op, &z)
+        }
+        _ => ws::encode_frame(op, payload),
+    }
+}
+
 pub(super) fn frame_error(e: FrameError, tenant: &Tenant) -> End {
     tenant.metrics.client_error(match e {
         FrameError::TooBig { .. } => "too_big",
         FrameError::BadUtf8 => "bad_utf8",
+        FrameError::BadDeflate => "bad_deflate",
         FrameError::Protocol(_) => "protocol",
     });
     End::Close(e.close_code(), e.to_string())
