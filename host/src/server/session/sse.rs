@@ -6,7 +6,7 @@
 //! its first, what the client resumed from), so `Last-Event-ID` resumes them
 //! all, however the stream was cut.
 
-use super::writer::{finish, flush, interest, load_and_flush, Unwritten};
+use super::writer::{finish, flush, interest, load_and_flush, Framing, Unwritten};
 use super::{queue_end, End, READ_BUDGET};
 use crate::clock::now_ms;
 use crate::fanout::queue::Wire;
@@ -126,7 +126,7 @@ pub async fn run_sse(app: Arc<Server>, stream: TcpStream, req: SseRequest, admit
             r = stream.ready(interest(&out)) => {
                 end = match r {
                     Ok(ready) if ready.is_writable() && !out.is_empty() => flush(&stream, &mut out, &tenant)
-                        .and_then(|()| if out.is_empty() { load_and_flush(&stream, &handle, &mut out, &tenant, Some(&mut state)) } else { Ok(()) })
+                        .and_then(|()| if out.is_empty() { load_and_flush(&stream, &handle, &mut out, &tenant, Framing::Sse(&mut state)) } else { Ok(()) })
                         .err(),
                     Ok(_) => None,
                     Err(_) => Some(End::Io),
@@ -140,7 +140,7 @@ pub async fn run_sse(app: Arc<Server>, stream: TcpStream, req: SseRequest, admit
                 if let Some(reason) = handle.close_reason().filter(|r| !r.after_backlog()) {
                     end = Some(queue_end(reason, handle.policy().as_str()));
                 } else if out.is_empty() {
-                    end = load_and_flush(&stream, &handle, &mut out, &tenant, Some(&mut state)).err();
+                    end = load_and_flush(&stream, &handle, &mut out, &tenant, Framing::Sse(&mut state)).err();
                 }
             }
             _ = &mut hb => {
@@ -156,7 +156,14 @@ pub async fn run_sse(app: Arc<Server>, stream: TcpStream, req: SseRequest, admit
             if parked {
                 break;
             }
-            end = load_and_flush(&stream, &handle, &mut out, &tenant, Some(&mut state)).err();
+            end = load_and_flush(
+                &stream,
+                &handle,
+                &mut out,
+                &tenant,
+                Framing::Sse(&mut state),
+            )
+            .err();
             if out.is_empty() {
                 break;
             }

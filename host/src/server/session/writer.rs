@@ -26,21 +26,32 @@ const MAX_IOV: usize = 64;
 #[derive(Default)]
 pub(super) struct Unwritten {
     bufs: VecDeque<Bytes>,
-    /// permessage-deflate, when the WebSocket session agreed to it.
-    pub(super) deflate: Option<Deflate>,
 }
 
 /// permessage-deflate as a WebSocket session agreed to it: messages of at
 /// least `min_bytes` go compressed within a window of 2^`window_bits`.
+/// Eight bytes (`Option` of it too): it lives in every session's state.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Deflate {
     pub window_bits: u8,
-    pub min_bytes: usize,
+    pub min_bytes: std::num::NonZeroU32,
+}
+
+/// How a session's queued items go on the wire.
+pub(super) enum Framing<'a> {
+    /// WebSocket frames, compressed as the session agreed.
+    Ws(Option<Deflate>),
+    /// SSE events, each message with its `id:` line.
+    Sse(&'a mut SseState),
 }
 
 impl Deflate {
+    pub(super) fn applies_to(&self, len: usize) -> bool {
+        len >= self.min_bytes.get() as usize
+    }
+
     fn applies(&self, m: &Published) -> bool {
-        crate::proto::ws::server_frame_payload(&m.ws).len() >= self.min_bytes
+        self.applies_to(crate::proto::ws::server_frame_payload(&m.ws).len())
     }
 
     /// The frame this session sends for `m`; a compression is counted.
@@ -57,13 +68,6 @@ impl Deflate {
 }
 
 impl Unwritten {
-    pub(super) fn with_deflate(deflate: Option<Deflate>) -> Unwritten {
-        Unwritten {
-            bufs: VecDeque::new(),
-            deflate,
-        }
-    }
-
     pub(super) fn is_empty(&self) -> bool {
         self.bufs.is_empty()
     }
@@ -142,10 +146,10 @@ pub(super) fn load_and_flush(
     handle: &SessionHandle,
     out: &mut Unwritten,
     tenant: &Tenant,
-    sse: Option<&mut SseState>,
+    framing: Framing<'_>,
 ) -> Result<(), End> {
     match handle.take_or_close() {
-        Ok(items) => send_queued(stream, items, out, tenant, sse),
+        Ok(items) => send_queued(stream, items, out, tenant, framing),
         Err(reason) => Err(super::queue_end(reason, handle.policy().as_str())),
     }
 }
@@ -156,32 +160,34 @@ pub(super) fn send_queued(
     items: VecDeque<Item>,
     out: &mut Unwritten,
     tenant: &Tenant,
-    mut sse: Option<&mut SseState>,
+    mut framing: Framing<'_>,
 ) -> Result<(), End> {
     if items.is_empty() {
         return Ok(());
     }
     tenant.metrics.frames_sent.increment(items.len() as u64);
-    let shared_window = out
-        .deflate
-        .is_none_or(|d| d.window_bits >= crate::proto::deflate::MAX_WINDOW_BITS);
-    if sse.is_none() && out.is_empty() && shared_window {
-        return write_direct(stream, items, out, tenant);
+    if let Framing::Ws(deflate) = framing {
+        // A window of its own (rare) makes frames for this session alone.
+        let shared =
+            deflate.is_none_or(|d| d.window_bits >= crate::proto::deflate::MAX_WINDOW_BITS);
+        if out.is_empty() && shared {
+            return write_direct(stream, items, out, tenant, deflate);
+        }
     }
     let mut ids = BytesMut::new();
     let mut id_ranges = Vec::new();
     for item in items {
         match item {
             Item::Ctrl(b) => out.bufs.push_back(b),
-            Item::Msg(m) => match sse.as_deref_mut() {
-                None => {
-                    let frame = match out.deflate {
+            Item::Msg(m) => match &mut framing {
+                Framing::Ws(deflate) => {
+                    let frame = match deflate {
                         Some(d) => d.frame(&m, tenant),
                         None => m.ws.clone(),
                     };
                     out.bufs.push_back(frame)
                 }
-                Some(state) => {
+                Framing::Sse(state) => {
                     out.bufs.push_back(m.sse.clone());
                     let start = ids.len();
                     state.write_id_after(&m, &mut ids);
@@ -208,10 +214,11 @@ fn write_direct(
     items: VecDeque<Item>,
     out: &mut Unwritten,
     tenant: &Tenant,
+    deflate: Option<Deflate>,
 ) -> Result<(), End> {
     // Compressed frames are made (or found made) first, then borrowed
     // from the message like plain ones.
-    let deflate = out.deflate.filter(|d| {
+    let deflate = deflate.filter(|d| {
         items
             .iter()
             .any(|i| matches!(i, Item::Msg(m) if d.applies(m)))

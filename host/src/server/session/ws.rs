@@ -5,7 +5,9 @@
 //! waits for the plugin stops decoding until it is settled; a client silent
 //! for two heartbeats is closed with 4002, one that answers pings never is.
 
-use super::writer::{finish, flush, interest, load_and_flush, send_queued, Deflate, Unwritten};
+use super::writer::{
+    finish, flush, interest, load_and_flush, send_queued, Deflate, Framing, Unwritten,
+};
 use super::{ask_plugin, check_subscribe, queue_end, End, SubCheck, SubRefusal, READ_BUDGET};
 use crate::clock::now_ms;
 use crate::fanout::queue::Wire;
@@ -151,9 +153,12 @@ impl WsSession {
             ops_per_sec: settings.limits.client_ops_per_sec,
             ops_burst: settings.limits.client_ops_burst,
             echo,
-            deflate: deflate.map(|a| Deflate {
-                window_bits: a.server_window_bits,
-                min_bytes: settings.limits.deflate_min_bytes,
+            deflate: deflate.and_then(|a| {
+                let min = settings.limits.deflate_min_bytes.min(u32::MAX as usize) as u32;
+                Some(Deflate {
+                    window_bits: a.server_window_bits,
+                    min_bytes: std::num::NonZeroU32::new(min)?,
+                })
             }),
         };
         let audience = session
@@ -169,7 +174,6 @@ impl WsSession {
             info,
         );
         drop(settings);
-        let out_deflate = limits.deflate;
         tenant.metrics.opened_ws.increment(1);
         // Shutdown, deletion and access changes close the session through its
         // handle: no waiter of its own, no lock per frame.
@@ -188,7 +192,7 @@ impl WsSession {
                 session,
                 ops: OpBudget::new(ops_burst, Instant::now()),
             },
-            out: Unwritten::with_deflate(out_deflate),
+            out: Unwritten::default(),
             registration,
             last_seen: Instant::now(),
             parked: false,
@@ -264,7 +268,13 @@ impl WsSession {
             if backlog {
                 return Ok(());
             }
-            load_and_flush(stream, &self.handle, &mut self.out, &self.tenant, None)?;
+            load_and_flush(
+                stream,
+                &self.handle,
+                &mut self.out,
+                &self.tenant,
+                Framing::Ws(self.limits.deflate),
+            )?;
             if self.out.is_empty() {
                 return Ok(());
             }
@@ -277,7 +287,13 @@ impl WsSession {
         let policy = self.handle.policy();
         if self.out.is_empty() {
             match self.handle.take_or_close() {
-                Ok(items) => send_queued(stream, items, &mut self.out, &self.tenant, None),
+                Ok(items) => send_queued(
+                    stream,
+                    items,
+                    &mut self.out,
+                    &self.tenant,
+                    Framing::Ws(self.limits.deflate),
+                ),
                 Err(reason) => Err(queue_end(reason, policy.as_str())),
             }
         } else {
@@ -297,7 +313,13 @@ impl WsSession {
             // Once the backlog is out, send what queued meanwhile: its
             // wake-up may already have been used.
             if self.out.is_empty() {
-                load_and_flush(stream, &self.handle, &mut self.out, &self.tenant, None)?;
+                load_and_flush(
+                    stream,
+                    &self.handle,
+                    &mut self.out,
+                    &self.tenant,
+                    Framing::Ws(self.limits.deflate),
+                )?;
             }
         }
         if ready.is_readable() {

@@ -344,7 +344,7 @@ pub(super) fn refuse_sub(r: SubRefusal, id: Option<u64>, tenant: &Tenant, handle
 /// The echo testee's answer: compressed as the session agreed.
 fn echo_frame(op: ws::OpCode, payload: &[u8], limits: &SessionLimits) -> Bytes {
     match limits.deflate {
-        Some(d) if payload.len() >= d.min_bytes => {
+        Some(d) if d.applies_to(payload.len()) => {
             let mut z = Vec::new();
             crate::proto::deflate::compress(payload, d.window_bits, &mut z);
             ws::encode_compressed_frame(op, &z)
