@@ -9,7 +9,7 @@
 
 use crate::track::{SeqTracker, Stats};
 use anyhow::{bail, Context as _};
-use herald_proto::ws::{decode_frame, encode_client_frame, OpCode, Role};
+use herald_proto::ws::{decode_frame_with, encode_client_frame, OpCode, Role};
 use serde::Deserialize;
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -86,6 +86,8 @@ pub struct ConnSpec {
     /// Ask for a 4 KiB receive buffer: a client that stops reading then
     /// pushes back on the server after kilobytes, not megabytes.
     pub small_rcvbuf: bool,
+    /// Offer permessage-deflate (RFC 7692) and inflate what comes compressed.
+    pub deflate: bool,
 }
 
 pub fn now_nanos() -> u64 {
@@ -217,6 +219,8 @@ pub struct Conn {
     tracker: SeqTracker,
     transport: Transport,
     bare: bool,
+    /// permessage-deflate was agreed.
+    deflate: bool,
 }
 
 async fn connect(spec: &ConnSpec) -> anyhow::Result<TcpStream> {
@@ -270,8 +274,13 @@ impl Conn {
             Transport::Ws => (
                 format!(
                     "GET {path} HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-                     Sec-WebSocket-Key: {WS_KEY}\r\nSec-WebSocket-Version: 13\r\n\r\n",
-                    spec.target
+                     Sec-WebSocket-Key: {WS_KEY}\r\nSec-WebSocket-Version: 13\r\n{}\r\n",
+                    spec.target,
+                    if spec.deflate {
+                        "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
+                    } else {
+                        ""
+                    }
                 ),
                 101,
             ),
@@ -291,6 +300,11 @@ impl Conn {
                 String::from_utf8_lossy(&buf[head_len..]).trim()
             );
         }
+        // Compressed frames are read only where the server agreed.
+        let deflate = spec.deflate
+            && String::from_utf8_lossy(&buf[..head_len])
+                .to_ascii_lowercase()
+                .contains("sec-websocket-extensions: permessage-deflate");
         buf.drain(..head_len);
         let mut conn = Conn {
             stream,
@@ -298,6 +312,7 @@ impl Conn {
             tracker: SeqTracker::default(),
             transport: spec.transport,
             bare,
+            deflate,
         };
         if bare || spec.transport == Transport::Sse {
             // No acks: positions start at each channel's first message.
@@ -338,12 +353,29 @@ impl Conn {
         let mut pos = 0;
         let now = now_nanos();
         let result = loop {
-            let head = match decode_frame(&mut self.buf[pos..], Role::FromServer, MAX_FRAME) {
+            let head = match decode_frame_with(
+                &mut self.buf[pos..],
+                Role::FromServer,
+                MAX_FRAME,
+                self.deflate,
+            ) {
                 Ok(Some(h)) => h,
                 Ok(None) => break Ok(()),
                 Err(e) => break Err(anyhow::anyhow!("bad frame from server: {e}")),
             };
-            let payload = &self.buf[pos + head.payload_start..pos + head.frame_len()];
+            let wire = &self.buf[pos + head.payload_start..pos + head.frame_len()];
+            let inflated;
+            let payload = if head.compressed {
+                match herald_proto::deflate::inflate(wire, MAX_FRAME) {
+                    Ok(p) => {
+                        inflated = p;
+                        &inflated[..]
+                    }
+                    Err(e) => break Err(anyhow::anyhow!("bad compressed frame: {e}")),
+                }
+            } else {
+                wire
+            };
             match head.opcode {
                 OpCode::Text | OpCode::Binary if self.bare => {
                     events.push(on_bare(payload, now, &mut self.tracker, stats))
@@ -442,7 +474,10 @@ impl Conn {
                 r = self.stream.read_buf(&mut self.buf), if read => {
                     let ended = match r {
                         Ok(0) | Err(_) => true,
-                        Ok(_) => self.step(&stats).await.is_err(),
+                        Ok(n) => {
+                            stats.borrow_mut().wire_bytes += n as u64;
+                            self.step(&stats).await.is_err()
+                        }
                     };
                     if ended {
                         stats.borrow_mut().closed_early += 1;

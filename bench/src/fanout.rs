@@ -113,6 +113,12 @@ pub struct FanoutArgs {
     /// database of its own.
     #[arg(long, env = "HERALD_TEST_POSTGRES_URL")]
     pub cluster_db: Option<String>,
+    /// Also run Herald with permessage-deflate for messages of at least this
+    /// many bytes (`--deflate-min-bytes`), its clients offering it: frames
+    /// per server CPU-second and bytes on the wire beside plain Herald, in
+    /// the same run.
+    #[arg(long)]
+    pub deflate: Option<usize>,
     /// A plugin component activated on the bench tenant (e.g. ticker_conflate.wasm).
     #[arg(long)]
     pub plugin: Option<std::path::PathBuf>,
@@ -252,6 +258,8 @@ impl Outcome {
             "offered_frames": self.offered,
             "dropped_by_server": self.dropped_by_server,
             "frames_received": self.stats.msgs,
+            "wire_bytes": self.stats.wire_bytes,
+            "wire_bytes_per_frame": ratio(self.stats.wire_bytes as f64, self.stats.msgs as f64),
             "server_cpu_secs": self.server_cpu,
             "frames_per_server_cpu_sec": self.fps(),
             "frames_per_write": self.frames_per_write,
@@ -285,6 +293,8 @@ struct Server<'a> {
     bin: Option<&'a std::path::Path>,
     /// Cluster mode with this many nodes.
     nodes: Option<usize>,
+    /// permessage-deflate for messages of at least this many bytes.
+    deflate: Option<usize>,
 }
 
 /// Whether an outcome means the server broke at this rate: frames lost or
@@ -334,7 +344,18 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
         label: "herald".into(),
         bin: None,
         nodes: None,
+        deflate: None,
     }];
+    if let Some(min) = args.deflate {
+        servers.push(Server {
+            kind: Kind::Herald,
+            plugin: args.plugin.as_deref(),
+            label: "herald-deflate".into(),
+            bin: None,
+            nodes: None,
+            deflate: Some(min),
+        });
+    }
     if let Some(bin) = &args.baseline_herald {
         servers.push(Server {
             kind: Kind::Herald,
@@ -342,6 +363,7 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
             label: "herald-baseline".into(),
             bin: Some(bin),
             nodes: None,
+            deflate: None,
         });
     }
     if !args.nodes.is_empty() && args.cluster_db.is_none() {
@@ -367,6 +389,7 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
             },
             bin: None,
             nodes: Some(n),
+            deflate: None,
         });
     }
     match args.baseline {
@@ -376,6 +399,7 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
             label: "raw".into(),
             bin: None,
             nodes: None,
+            deflate: None,
         }),
         Some(Baseline::NoPlugin) => servers.push(Server {
             kind: Kind::Herald,
@@ -383,6 +407,7 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
             label: "herald-no-plugin".into(),
             bin: None,
             nodes: None,
+            deflate: None,
         }),
         None => {}
     }
@@ -393,6 +418,7 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
             label: p.kind().as_str().into(),
             bin: None,
             nodes: None,
+            deflate: None,
         });
     }
     // Peers take one message per request; with a peer in the run every server
@@ -466,6 +492,14 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
                         .unwrap_or_default()
                 );
                 ratios.insert(o.label.clone(), r.into());
+                if o.label == "herald-deflate" {
+                    println!(
+                        "  herald-deflate / herald = {} bytes on the wire per frame ({:.0} vs {:.0} B)",
+                        fmt_ratio(ratio(o.stats.wire_bytes as f64 / o.stats.msgs.max(1) as f64, h.stats.wire_bytes as f64 / h.stats.msgs.max(1) as f64)),
+                        o.stats.wire_bytes as f64 / o.stats.msgs.max(1) as f64,
+                        h.stats.wire_bytes as f64 / h.stats.msgs.max(1) as f64,
+                    );
+                }
             }
         }
         for o in &outcomes {
@@ -517,6 +551,7 @@ fn params(args: &FanoutArgs, plan: &Plan, split: bool) -> serde_json::Value {
         "payload_bytes": plan.payload_bytes,
         "smoke": args.common.smoke,
         "herald_args": args.common.herald_args,
+        "deflate_min_bytes": args.deflate,
     })
 }
 

@@ -29,6 +29,8 @@ pub struct PoolSpec {
     pub deadline: Duration,
     /// Clients that never read after subscribing.
     pub no_read: bool,
+    /// Clients that offer permessage-deflate.
+    pub deflate: bool,
 }
 
 impl PoolSpec {
@@ -48,6 +50,7 @@ impl PoolSpec {
             connect_concurrency: 256,
             deadline,
             no_read: false,
+            deflate: false,
         }
     }
 }
@@ -129,6 +132,9 @@ impl Pool {
             };
             if spec.no_read {
                 cmd.arg("--no-read");
+            }
+            if spec.deflate {
+                cmd.arg("--deflate");
             }
             cmd.args(["--target", &spec.target.to_string()])
                 .args(["--source", &source_addr(i).to_string()])

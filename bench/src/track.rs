@@ -85,6 +85,8 @@ pub struct Stats {
     pub failures: Vec<(String, u64)>,
     /// Reconnect storm: time from the storm to each connection being back, µs.
     pub reconnect_us: Histogram,
+    /// Bytes read off the sockets after the handshakes (what the wire carried).
+    pub wire_bytes: u64,
 }
 
 impl Stats {
@@ -138,6 +140,7 @@ impl Stats {
             self.count_failures(reason, *n);
         }
         self.reconnect_us.merge(&o.reconnect_us);
+        self.wire_bytes += o.wire_bytes;
     }
 
     pub fn to_wire(&self) -> StatsWire {
@@ -155,6 +158,7 @@ impl Stats {
             latency_us: self.latency_us.to_sparse(),
             failures: self.failures.clone(),
             reconnect_us: self.reconnect_us.to_sparse(),
+            wire_bytes: self.wire_bytes,
         }
     }
 
@@ -173,6 +177,7 @@ impl Stats {
             latency_us: Histogram::from_sparse(&w.latency_us),
             failures: w.failures.clone(),
             reconnect_us: Histogram::from_sparse(&w.reconnect_us),
+            wire_bytes: w.wire_bytes,
         }
     }
 }
@@ -195,6 +200,8 @@ pub struct StatsWire {
     pub failures: Vec<(String, u64)>,
     #[serde(default)]
     pub reconnect_us: SparseHistogram,
+    #[serde(default)]
+    pub wire_bytes: u64,
 }
 
 /// A short, countable reason for a failed connection attempt, from its error

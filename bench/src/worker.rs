@@ -37,6 +37,9 @@ pub struct WorkerArgs {
     /// Never read after subscribing (a client that stopped reading).
     #[arg(long)]
     pub no_read: bool,
+    /// Offer permessage-deflate.
+    #[arg(long)]
+    pub deflate: bool,
     #[arg(long, value_enum)]
     pub transport: Transport,
     #[arg(long)]
@@ -144,6 +147,7 @@ async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         dialect,
         transport: args.transport,
         small_rcvbuf: args.no_read,
+        deflate: args.deflate,
     };
     let stats = Rc::new(RefCell::new(Stats::default()));
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -61,13 +61,25 @@ pub(super) async fn one(
             }
             t
         }
-        _ => start_bin(kind, c, srv.plugin, srv.bin.unwrap_or(&c.herald)).await?,
+        _ => match srv.deflate {
+            Some(min) => {
+                let mut extra = c.herald_args.clone();
+                extra.extend(["--deflate-min-bytes".to_string(), min.to_string()]);
+                let t = Target::herald(srv.bin.unwrap_or(&c.herald), &extra).await?;
+                if let Some(p) = srv.plugin {
+                    t.install_plugin(p).await?;
+                }
+                t
+            }
+            None => start_bin(kind, c, srv.plugin, srv.bin.unwrap_or(&c.herald)).await?,
+        },
     };
     let left = deadline.saturating_duration_since(Instant::now());
     let spec = PoolSpec {
         channels: plan.channels,
         subs_per_conn: args.subs_per_conn,
         connect_concurrency: c.connect_concurrency,
+        deflate: srv.deflate.is_some(),
         ..PoolSpec::new(&server, args.transport, left + Duration::from_secs(5))
     };
     let mut pool = Pool::spawn(&spec, args.subs, c.max_per_worker, c.workers)?;

@@ -117,6 +117,12 @@ pub(super) fn print_outcome(o: &Outcome) {
         100.0 * o.server_cpu / o.window_secs.max(1e-9),
         fmt_rate(o.fps())
     );
+    println!(
+        "  {} bytes on the wire per msg frame received",
+        crate::report::fmt_int(
+            (o.stats.wire_bytes as f64 / o.stats.msgs.max(1) as f64).round() as u64
+        )
+    );
     if let Some(f) = o.frames_per_write {
         println!("  {f:.2} frames per socket write (herald counters)");
     }
