@@ -268,17 +268,17 @@ impl WsSession {
             if backlog {
                 return Ok(());
             }
-            load_and_flush(
-                stream,
-                &self.handle,
-                &mut self.out,
-                &self.tenant,
-                Framing::Ws(self.limits.deflate),
-            )?;
+            self.take_and_send(stream)?;
             if self.out.is_empty() {
                 return Ok(());
             }
         }
+    }
+
+    /// Takes what is queued and writes it (compressed as agreed).
+    fn take_and_send(&mut self, stream: &TcpStream) -> Result<(), End> {
+        let framing = Framing::Ws(self.limits.deflate);
+        load_and_flush(stream, &self.handle, &mut self.out, &self.tenant, framing)
     }
 
     /// The queue changed: send what it holds, unless a backlog is still
@@ -313,13 +313,7 @@ impl WsSession {
             // Once the backlog is out, send what queued meanwhile: its
             // wake-up may already have been used.
             if self.out.is_empty() {
-                load_and_flush(
-                    stream,
-                    &self.handle,
-                    &mut self.out,
-                    &self.tenant,
-                    Framing::Ws(self.limits.deflate),
-                )?;
+                self.take_and_send(stream)?;
             }
         }
         if ready.is_readable() {
