@@ -1,9 +1,10 @@
 //! A Kafka source's README promises beyond the header: `channel_from`
-//! `"key"` and `"topic"` map records to channels by their key or topic.
-//! (A `start` in ms is not run here: librdkafka's mock cluster answers every
-//! ListOffsets by time with "no such record" — its lookup by time is a
-//! FIXME — so a test of it could not fail; source/kafka/partitions.rs
-//! checks that the time is what the reader asks the brokers for.)
+//! `"key"` and `"topic"` map records to channels by their key or topic, and
+//! a `start` in ms. librdkafka's mock cluster answers every ListOffsets by
+//! time with "no record at or after it" (its lookup by time is a FIXME), so
+//! only that answer runs end to end here — a time after every record, which
+//! starts at the partition's end; source/kafka/partitions.rs checks that the
+//! time is what the reader asks the brokers for.
 
 use crate::helpers::*;
 use crate::kafka::test_producer;
@@ -136,6 +137,38 @@ async fn channel_from_topic_maps_each_topic_to_its_channel() {
     assert_eq!(
         got,
         [("alpha".into(), 1), ("alpha".into(), 3), ("beta".into(), 2)]
+    );
+    h.stop().await;
+}
+
+/// `"start": <ms>` later than every record: the brokers find no record at
+/// or after it, and the source starts at the partition's end — records
+/// produced before are not delivered, the next one is. A source that took
+/// the answer for "from the beginning", or stalled on it, fails here.
+#[tokio::test]
+async fn a_start_time_after_every_record_starts_at_the_end() {
+    let (cluster, producer) = mock(&["ticks"]);
+    produce(&producer, "ticks", "k", 1).await;
+    produce(&producer, "ticks", "k", 2).await;
+    let in_an_hour = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 3_600_000;
+    let h = serve(
+        &cluster,
+        "ktime",
+        &["ticks"],
+        json!({"channel_from":"topic","start":in_an_hour}),
+    )
+    .await;
+    let mut ws = from_the_start(&h, "ktime", &["ticks"]).await;
+    assert_eq!(ws.next().await["op"], "ack");
+    produce(&producer, "ticks", "k", 3).await;
+    assert_eq!(
+        ns(&mut ws, 1).await,
+        [("ticks".to_string(), 3)],
+        "only the record produced after the source started"
     );
     h.stop().await;
 }
