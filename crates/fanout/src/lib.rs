@@ -133,18 +133,22 @@ impl Published {
     }
 }
 
-/// A plain server frame's message compressed into a frame with RSV1 set.
+/// A plain server frame's message compressed into a frame with RSV1 set
+/// (the plain frame again if the compressor could not finish it).
 pub fn deflate_frame(frame: &[u8], window_bits: u8) -> Bytes {
     let opcode = match frame.first().map(|b| b & 0x0f) {
         Some(2) => proto::ws::OpCode::Binary,
         _ => proto::ws::OpCode::Text,
     };
     let mut out = Vec::new();
-    proto::deflate::compress(
+    if !proto::deflate::compress(
         proto::ws::server_frame_payload(frame),
         window_bits,
         &mut out,
-    );
+    ) {
+        // The compressor did not finish the message: it goes as it is.
+        return Bytes::copy_from_slice(frame);
+    }
     proto::ws::encode_compressed_frame(opcode, &out)
 }
 

@@ -105,34 +105,44 @@ thread_local! {
 /// (RFC 7692 §7.2.1) and put back before inflating.
 const TAIL: [u8; 4] = [0x00, 0x00, 0xff, 0xff];
 
-/// Appends `payload` compressed as one message to `out`: raw DEFLATE blocks
+/// Appends `payload` compressed as one message to `out` and returns true:
+/// raw DEFLATE blocks
 /// that refer back at most 2^`window_bits` bytes, without the trailing
 /// `00 00 ff ff`. A window below the largest is kept by compressing each
 /// stretch of 2^bits bytes from a fresh state (their blocks, each ending in
-/// a sync flush, form one valid stream).
-pub fn compress(payload: &[u8], window_bits: u8, out: &mut Vec<u8>) {
+/// a sync flush, form one valid stream). Returns false, with `out` as it
+/// was, when the compressor's output did not end in a complete sync flush
+/// (miniz_oxide left one unfinished on some 64 KiB messages of Autobahn's
+/// case 12.2): the message must then go uncompressed.
+#[must_use]
+pub fn compress(payload: &[u8], window_bits: u8, out: &mut Vec<u8>) -> bool {
     let start = out.len();
     let chunk = if window_bits >= MAX_WINDOW_BITS {
         payload.len().max(1)
     } else {
         1usize << window_bits.max(8)
     };
-    COMPRESSOR.with(|c| {
+    let complete = COMPRESSOR.with(|c| {
         let c = &mut *c.borrow_mut();
         let mut chunks = payload.chunks(chunk).peekable();
         if chunks.peek().is_none() {
-            deflate_chunk(c, &[], out);
+            return deflate_chunk(c, &[], out);
         }
-        for part in chunks {
-            deflate_chunk(c, part, out);
-        }
+        chunks.all(|part| deflate_chunk(c, part, out))
     });
-    debug_assert!(out[start..].ends_with(&TAIL));
+    if !complete || !out[start..].ends_with(&TAIL) {
+        out.truncate(start);
+        return false;
+    }
     out.truncate(out.len() - TAIL.len());
+    true
 }
 
-fn deflate_chunk(c: &mut Compress, mut input: &[u8], out: &mut Vec<u8>) {
+/// One stretch from a fresh state, ending in a sync flush; false if the
+/// output does not end in the flush's `00 00 ff ff`.
+fn deflate_chunk(c: &mut Compress, mut input: &[u8], out: &mut Vec<u8>) -> bool {
     c.reset();
+    let start = out.len();
     loop {
         out.reserve(input.len() / 2 + 64);
         let before = c.total_in();
@@ -141,7 +151,7 @@ fn deflate_chunk(c: &mut Compress, mut input: &[u8], out: &mut Vec<u8>) {
         input = &input[(c.total_in() - before) as usize..];
         // Done once all input is in and the flush left room to spare.
         if input.is_empty() && out.len() < out.capacity() {
-            return;
+            return out[start..].ends_with(&TAIL);
         }
     }
 }
@@ -278,7 +288,7 @@ mod tests {
     fn a_zip_bomb_is_too_big_and_garbage_is_bad_data() {
         let zeros = vec![0u8; 10 << 20];
         let mut bomb = Vec::new();
-        compress(&zeros, 15, &mut bomb);
+        assert!(compress(&zeros, 15, &mut bomb));
         assert!(bomb.len() < 20_000, "{}", bomb.len());
         assert!(matches!(
             inflate(&bomb, 1 << 20),
@@ -317,9 +327,9 @@ mod tests {
             // past a small window.
             let payload: Vec<u8> = block.iter().copied().cycle().take(block.len() * repeat).collect();
             let mut a = Vec::new();
-            compress(&payload, bits, &mut a);
+            prop_assert!(compress(&payload, bits, &mut a));
             let mut b = Vec::new();
-            compress(&payload, bits, &mut b);
+            prop_assert!(compress(&payload, bits, &mut b));
             prop_assert_eq!(&a, &b);
             prop_assert_eq!(inflate(&a, payload.len()).unwrap(), payload.clone());
             let far = max_distance(&a);

@@ -68,6 +68,9 @@ async fn the_autobahn_cases_pass_on_the_session_path() {
             .map(|i| format!("{i}.*"))
             .chain((1..=5).flat_map(|j| [4, 11].map(|i| format!("12.{j}.{i}"))))
             .chain((1..=7).flat_map(|j| [4, 11].map(|i| format!("13.{j}.{i}"))))
+            // 64 KiB of a bitmap: miniz_oxide once left a sync flush
+            // unfinished on such a message, and its echo came back short.
+            .chain(["12.2.9".to_string()])
             .collect(),
     };
     let spec = json!({

@@ -346,8 +346,11 @@ fn echo_frame(op: ws::OpCode, payload: &[u8], limits: &SessionLimits) -> Bytes {
     match limits.deflate {
         Some(d) if d.applies_to(payload.len()) => {
             let mut z = Vec::new();
-            crate::proto::deflate::compress(payload, d.window_bits, &mut z);
-            ws::encode_compressed_frame(op, &z)
+            if crate::proto::deflate::compress(payload, d.window_bits, &mut z) {
+                ws::encode_compressed_frame(op, &z)
+            } else {
+                ws::encode_frame(op, payload)
+            }
         }
         _ => ws::encode_frame(op, payload),
     }
