@@ -223,10 +223,14 @@ fn write_direct(
             .iter()
             .any(|i| matches!(i, Item::Msg(m) if d.applies(m)))
     });
+    // Only the first session to send a message compresses it; the rest
+    // find it made and pay no clone here.
     if let Some(d) = deflate {
         for it in &items {
             if let Item::Msg(m) = it {
-                d.frame(m, tenant);
+                if m.deflated.get().is_none() {
+                    d.frame(m, tenant);
+                }
             }
         }
     }
