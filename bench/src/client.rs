@@ -83,9 +83,10 @@ pub struct ConnSpec {
     pub source: IpAddr,
     pub dialect: Dialect,
     pub transport: Transport,
-    /// Ask for a 4 KiB receive buffer: a client that stops reading then
-    /// pushes back on the server after kilobytes, not megabytes.
-    pub small_rcvbuf: bool,
+    /// SO_RCVBUF to ask for (None: the kernel's default, as an ordinary
+    /// client has). A small one makes a client that stops reading push back
+    /// on the server after kilobytes instead of a hundred or more.
+    pub rcvbuf: Option<u32>,
     /// Offer permessage-deflate (RFC 7692) and inflate what comes compressed.
     pub deflate: bool,
 }
@@ -231,8 +232,8 @@ async fn connect(spec: &ConnSpec) -> anyhow::Result<TcpStream> {
     // Close with RST so thousands of closed client ports do not sit in
     // TIME_WAIT and starve the next run's source ports.
     sock.set_zero_linger()?;
-    if spec.small_rcvbuf {
-        sock.set_recv_buffer_size(4096)?;
+    if let Some(bytes) = spec.rcvbuf {
+        sock.set_recv_buffer_size(bytes)?;
     }
     sock.bind(SocketAddr::new(spec.source, 0))
         .with_context(|| format!("binding {}", spec.source))?;

@@ -29,6 +29,8 @@ pub struct PoolSpec {
     pub deadline: Duration,
     /// Clients that never read after subscribing.
     pub no_read: bool,
+    /// SO_RCVBUF of every client (None: the kernel's default).
+    pub rcvbuf: Option<u32>,
     /// Clients that offer permessage-deflate.
     pub deflate: bool,
 }
@@ -50,6 +52,7 @@ impl PoolSpec {
             connect_concurrency: 256,
             deadline,
             no_read: false,
+            rcvbuf: None,
             deflate: false,
         }
     }
@@ -135,6 +138,9 @@ impl Pool {
             }
             if spec.deflate {
                 cmd.arg("--deflate");
+            }
+            if let Some(bytes) = spec.rcvbuf {
+                cmd.args(["--rcvbuf", &bytes.to_string()]);
             }
             cmd.args(["--target", &spec.target.to_string()])
                 .args(["--source", &source_addr(i).to_string()])

@@ -37,6 +37,9 @@ pub struct WorkerArgs {
     /// Never read after subscribing (a client that stopped reading).
     #[arg(long)]
     pub no_read: bool,
+    /// SO_RCVBUF of every connection (default: the kernel's).
+    #[arg(long)]
+    pub rcvbuf: Option<u32>,
     /// Offer permessage-deflate.
     #[arg(long)]
     pub deflate: bool,
@@ -146,7 +149,7 @@ async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         source: args.source,
         dialect,
         transport: args.transport,
-        small_rcvbuf: args.no_read,
+        rcvbuf: args.rcvbuf,
         deflate: args.deflate,
     };
     let stats = Rc::new(RefCell::new(Stats::default()));
