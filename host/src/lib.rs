@@ -222,6 +222,7 @@ pub async fn run(
     watchers.spawn(watch_memory(app.clone()));
     watchers.spawn(sweep_channels(app.clone()));
     watchers.spawn(flush_conflation(app.clone()));
+    watchers.spawn(release_lagging(app.clone()));
 
     let api = Arc::new(api::Api {
         node: app.clone(),
@@ -414,6 +415,23 @@ async fn sweep_channels(app: Arc<Node>) {
         let now = now_ms() as u64;
         for t in app.tenants.all() {
             t.hub.sweep(t.settings().limits.history(), now);
+        }
+    }
+}
+
+/// Wakes the writers that hold off for lagging readers, all tenants at
+/// once, every `LAG_PACE`: such a reader gets what queued meanwhile in one
+/// write (`session/writer.rs`, `Hold`).
+async fn release_lagging(app: Arc<Node>) {
+    let mut tick = tokio::time::interval(server::session::LAG_PACE);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = app.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        for t in app.tenants.all() {
+            t.sessions.release_held();
         }
     }
 }

@@ -9,6 +9,9 @@ use std::sync::{Arc, Weak};
 #[derive(Default)]
 pub struct SessionRegistry {
     inner: Mutex<(slab::Slab<Weak<SessionHandle>>, Option<QueueClose>)>,
+    /// Sessions whose writer holds off (a reader falling behind): woken
+    /// together by the node's pacer ([`SessionRegistry::release_held`]).
+    held: Mutex<Vec<Arc<SessionHandle>>>,
 }
 
 impl SessionRegistry {
@@ -19,6 +22,24 @@ impl SessionRegistry {
             h.close_with(reason);
         }
         g.0.insert(Arc::downgrade(h))
+    }
+
+    /// The writer of `h` holds off until the next [`release_held`]; it has
+    /// parked its handle, so pushes meanwhile do not wake it.
+    ///
+    /// [`release_held`]: SessionRegistry::release_held
+    pub fn hold(&self, h: &Arc<SessionHandle>) {
+        self.held.lock().push(h.clone());
+    }
+
+    /// Wakes every held session (unparked: its writer takes the queue).
+    /// Returns how many there were.
+    pub fn release_held(&self) -> usize {
+        let held = std::mem::take(&mut *self.held.lock());
+        for h in &held {
+            h.release();
+        }
+        held.len()
     }
 
     pub fn deregister(&self, key: usize) {

@@ -238,6 +238,12 @@ impl SessionHandle {
         self.state.lock().parked = parked;
     }
 
+    /// Unparks and wakes the writer (its hold on a lagging reader is over).
+    pub fn release(&self) {
+        self.state.lock().parked = false;
+        self.wake.notify_one();
+    }
+
     pub fn deliver_msg(&self, m: &Arc<Published>) -> Delivery {
         self.push(Item::Msg(m.clone()))
     }

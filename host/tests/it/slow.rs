@@ -253,3 +253,47 @@ async fn a_drop_on_a_quiet_channel_is_a_gap_frame() {
     }
     h.stop().await;
 }
+
+/// A client that stops reading with an ordinary receive buffer (the
+/// kernel's default, 128 KiB here, not the 4 KiB of `stalled_subscriber`)
+/// takes some 250 KB before its socket is full. Herald sees it fall behind
+/// by its receive window and then writes to it once per pace, everything
+/// queued in one write, instead of once per message (about 240 writes for
+/// these 400 messages when each goes as it comes); nothing is lost: once it
+/// reads, it gets every message in order.
+#[tokio::test]
+async fn a_lagging_reader_is_written_to_in_paced_batches() {
+    let t = "slow-paced";
+    let h = spawn_host().await;
+    let key = h
+        .tenant(json!({"id":t,"access":"public","limits":{"queue_bytes":1048576,"max_message_bytes":8192,"slow_consumer":"drop-oldest"}}))
+        .await;
+    let stream = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let plain = tokio_tungstenite::MaybeTlsStream::Plain(stream);
+    let (s, _) = tokio_tungstenite::client_async(h.ws_url(t), plain)
+        .await
+        .unwrap();
+    let mut lagging = Ws { s };
+    lagging.sub("c", 1).await;
+    let writes = format!("herald_socket_writes_total{{tenant=\"{t}\"}}");
+    let before = h.metric(&writes).await;
+    let pad = "p".repeat(1000);
+    const SENT: u64 = 400;
+    for n in 1..=SENT {
+        let (s, v) = h
+            .publish(t, &key, json!({"ch":"c","data":{"n":n,"pad":pad}}))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let written = h.metric(&writes).await - before;
+    assert!(
+        written < 170.0,
+        "{written} writes for {SENT} messages to a reader that stopped: not paced"
+    );
+    let (seqs, gaps) = drain(&mut lagging).await;
+    assert_eq!(gaps, 0, "nothing lost");
+    assert_eq!(seqs, (1..=SENT).collect::<Vec<_>>());
+    h.stop().await;
+}

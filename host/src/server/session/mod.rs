@@ -17,6 +17,7 @@ mod writer;
 mod ws;
 
 pub use sse::{run_sse, SseRequest};
+pub use writer::LAG_PACE;
 pub use ws::run_ws;
 
 use crate::fanout::session::QueueClose;

@@ -137,6 +137,11 @@ pub async fn run_sse(app: Arc<Server>, stream: TcpStream, req: SseRequest, admit
             }
             // Also while the socket is full: a close from outside must not wait for it.
             _ = handle.woken() => {
+                if out.end_hold() {
+                    // The pacer unparked the handle (or a close woke it early).
+                    handle.park(false);
+                    parked = false;
+                }
                 if let Some(reason) = handle.close_reason().filter(|r| !r.after_backlog()) {
                     end = Some(queue_end(reason, handle.policy().as_str()));
                 } else if out.is_empty() {
@@ -148,10 +153,11 @@ pub async fn run_sse(app: Arc<Server>, stream: TcpStream, req: SseRequest, admit
                 hb.as_mut().reset(tokio::time::Instant::now() + heartbeat);
             }
         }
-        // A backlog waits for the socket: parked, pushes need not wake the
-        // stream. Unparked, what was pushed meanwhile woke nobody: take it.
-        while end.is_none() && out.is_empty() == parked {
-            parked = !out.is_empty();
+        // A backlog waits for the socket, or the writer holds off for a
+        // lagging reader: parked, pushes need not wake the stream.
+        // Unparked, what was pushed meanwhile woke nobody: take it.
+        while end.is_none() && out.parks() != parked {
+            parked = out.parks();
             handle.park(parked);
             if parked {
                 break;
@@ -164,9 +170,9 @@ pub async fn run_sse(app: Arc<Server>, stream: TcpStream, req: SseRequest, admit
                 Framing::Sse(&mut state),
             )
             .err();
-            if out.is_empty() {
-                break;
-            }
+        }
+        if end.is_none() && out.take_new_hold() {
+            tenant.sessions.hold(&handle);
         }
     }
     let end = end.expect("loop exits only with an end");

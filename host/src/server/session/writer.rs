@@ -22,10 +22,51 @@ use tokio::net::TcpStream;
 /// Slices handed to one `writev`.
 const MAX_IOV: usize = 64;
 
-/// Frames taken from the queue and not yet fully written.
-#[derive(Default)]
+/// Bytes written between two looks at the peer's receive window.
+const WINDOW_CHECK_BYTES: u32 = 16 * 1024;
+
+/// How long the writer of a lagging reader holds off between writes (the
+/// node's pacer releases held sessions at this interval).
+pub const LAG_PACE: Duration = Duration::from_millis(100);
+
+/// Frames taken from the queue and not yet fully written, and whether the
+/// reader keeps up.
 pub(super) struct Unwritten {
     bufs: VecDeque<Bytes>,
+    /// Bytes written since the peer's window was last looked at.
+    unchecked: u32,
+    /// The largest window the peer advertised so far, in KiB (the session
+    /// state stays small).
+    widest_kib: u16,
+    hold: Hold,
+}
+
+/// A reader falling behind (its window below three quarters of the widest
+/// it showed: one that reads keeps it at its widest, one that stopped
+/// shrinks it once its buffer holds some 100 KiB; see `peer_window.rs`)
+/// is written to once per [`LAG_PACE`], everything queued in one write,
+/// instead of once per message: a client that stopped reading costs a few
+/// writes while its buffers fill, not one per message for every message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Hold {
+    /// Written as frames come.
+    No,
+    /// Just found lagging: the session must park and ask the pacer.
+    New,
+    /// Parked, waiting for the pacer.
+    Waiting,
+}
+
+impl Default for Unwritten {
+    fn default() -> Self {
+        Unwritten {
+            bufs: VecDeque::new(),
+            // The first write looks at the window: the widest starts there.
+            unchecked: WINDOW_CHECK_BYTES,
+            widest_kib: 0,
+            hold: Hold::No,
+        }
+    }
 }
 
 /// permessage-deflate as a WebSocket session agreed to it: messages of at
@@ -72,6 +113,51 @@ impl Unwritten {
         self.bufs.is_empty()
     }
 
+    /// The session's handle must be parked: a backlog waits for the
+    /// socket, or the writer holds off for a lagging reader.
+    pub(super) fn parks(&self) -> bool {
+        !self.bufs.is_empty() || self.hold != Hold::No
+    }
+
+    /// Whether the reader was just found lagging (once: the session then
+    /// parks and hands its handle to the pacer).
+    pub(super) fn take_new_hold(&mut self) -> bool {
+        if self.hold == Hold::New {
+            self.hold = Hold::Waiting;
+            return true;
+        }
+        false
+    }
+
+    /// The pacer's wake-up (or any other): write again, and look at the
+    /// window after that write. True if the writer was holding off.
+    pub(super) fn end_hold(&mut self) -> bool {
+        let held = std::mem::replace(&mut self.hold, Hold::No) != Hold::No;
+        if held {
+            self.unchecked = WINDOW_CHECK_BYTES;
+        }
+        held
+    }
+
+    /// Counts `n` bytes written; every [`WINDOW_CHECK_BYTES`] (and after
+    /// the first write after a hold) looks at the peer's window and holds
+    /// the writer if it is below three quarters of the widest seen.
+    fn wrote(&mut self, n: usize, stream: &TcpStream) {
+        self.unchecked = self.unchecked.saturating_add(n as u32);
+        if self.unchecked < WINDOW_CHECK_BYTES {
+            return;
+        }
+        self.unchecked = 0;
+        let Some(window) = crate::server::peer_window::peer_window(stream) else {
+            return;
+        };
+        let kib = (window / 1024).min(u32::from(u16::MAX)) as u16;
+        self.widest_kib = self.widest_kib.max(kib);
+        if u32::from(kib) * 4 < u32::from(self.widest_kib) * 3 && self.hold == Hold::No {
+            self.hold = Hold::New;
+        }
+    }
+
     /// Writes as much as the socket takes. `Ok(true)` when everything went.
     fn flush(&mut self, stream: &TcpStream, writes: &mut u64) -> io::Result<bool> {
         while !self.bufs.is_empty() {
@@ -84,6 +170,7 @@ impl Unwritten {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(mut written) => {
                     *writes += 1;
+                    self.wrote(written, stream);
                     while written > 0 {
                         let front = self
                             .bufs
@@ -102,6 +189,7 @@ impl Unwritten {
                 Err(e) => return Err(e),
             }
         }
+        // Emptied: drop its allocation (an idle session holds no buffer).
         self.bufs = VecDeque::new();
         Ok(true)
     }
@@ -251,6 +339,7 @@ fn write_direct(
     let mut written = match stream.try_write_vectored(&slices[..n]) {
         Ok(w) => {
             tenant.metrics.writes.increment(1);
+            out.wrote(w, stream);
             w
         }
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,

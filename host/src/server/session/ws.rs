@@ -254,24 +254,26 @@ impl WsSession {
         }
     }
 
-    /// A backlog waits for the socket: parked, pushes need not wake us (the
-    /// drained socket will). Unparked, what was pushed meanwhile woke
-    /// nobody, so it is taken now.
+    /// A backlog waits for the socket, or the writer holds off for a
+    /// lagging reader: parked, pushes need not wake us (the drained socket
+    /// or the pacer will). Unparked, what was pushed meanwhile woke nobody,
+    /// so it is taken now.
     fn repark(&mut self, stream: &TcpStream) -> Result<(), End> {
         loop {
-            let backlog = !self.out.is_empty();
-            if backlog == self.parked {
-                return Ok(());
+            let park = self.out.parks();
+            if park != self.parked {
+                self.parked = park;
+                self.handle.park(park);
+                if !park {
+                    self.take_and_send(stream)?;
+                    continue;
+                }
             }
-            self.parked = backlog;
-            self.handle.park(backlog);
-            if backlog {
-                return Ok(());
+            // A lagging reader: parked above, woken by the pacer.
+            if self.out.take_new_hold() {
+                self.tenant.sessions.hold(&self.handle);
             }
-            self.take_and_send(stream)?;
-            if self.out.is_empty() {
-                return Ok(());
-            }
+            return Ok(());
         }
     }
 
@@ -284,6 +286,11 @@ impl WsSession {
     /// The queue changed: send what it holds, unless a backlog is still
     /// waiting for the socket, or end if it was closed.
     fn on_woken(&mut self, stream: &TcpStream) -> Result<(), End> {
+        if self.out.end_hold() {
+            // The pacer unparked the handle (or a close woke it early).
+            self.handle.park(false);
+            self.parked = false;
+        }
         let policy = self.handle.policy();
         if self.out.is_empty() {
             match self.handle.take_or_close() {
