@@ -75,6 +75,11 @@ pub struct FanoutArgs {
     /// Seconds of publishing.
     #[arg(long, default_value_t = 10.0)]
     pub duration_secs: f64,
+    /// Runs every server this many times in turn at each rate (A B C, A B
+    /// C, …): each round is a same-run pair; the summary gives each pair's
+    /// ratio and their median.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
     /// Channels; each publish request carries `batch` messages for every channel.
     #[arg(long, default_value_t = 1)]
     pub channels: usize,
@@ -331,9 +336,11 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
         bail!("--rate(s) and --duration-secs must be positive");
     }
     if args.transport != Transport::Ws
-        && (args.baseline == Some(Baseline::Raw) || args.peers.contains(&Peer::Python))
+        && (args.baseline == Some(Baseline::Raw)
+            || args.peers.contains(&Peer::Python)
+            || args.peers.contains(&Peer::Uws))
     {
-        bail!("the raw baseline and the Python peer speak WebSocket only; use --transport ws");
+        bail!("the raw baseline, the Python and the uWebSockets peers speak WebSocket only; use --transport ws");
     }
     if args.baseline == Some(Baseline::NoPlugin) && args.plugin.is_none() {
         bail!("--baseline no-plugin compares against --plugin; give the plugin");
@@ -420,6 +427,17 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
             nodes: None,
             deflate: None,
         });
+        // uWebSockets compresses too (its shared compressor): beside Herald's.
+        if *p == Peer::Uws && args.deflate.is_some() {
+            servers.push(Server {
+                kind: Kind::Uws,
+                plugin: None,
+                label: "uwebsockets-deflate".into(),
+                bin: None,
+                nodes: None,
+                deflate: args.deflate,
+            });
+        }
     }
     // Peers take one message per request; with a peer in the run every server
     // does, unless each may use its own API (`--publish native`).
@@ -449,79 +467,39 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
             duration_secs: args.duration_secs,
             payload_bytes: args.payload_bytes,
         };
-        let mut outcomes: Vec<Outcome> = Vec::new();
-        for (i, srv) in servers.iter().enumerate() {
-            if broken[i] {
-                continue;
+        let mut pairs: Vec<serde_json::Map<String, serde_json::Value>> = Vec::new();
+        for round in 0..args.repeat.max(1) {
+            if args.repeat > 1 {
+                println!("round {} of {}:", round + 1, args.repeat);
             }
-            println!("{} at {rate} msg/s per channel:", srv.label);
-            let o = one(&args, &plan, srv, split, deadline).await?;
-            print_outcome(&o);
-            let lost = o.offered.saturating_sub(o.stats.msgs) + o.dropped_by_server;
-            let slip = o.publish_secs / args.duration_secs;
-            if breaks(
-                o.drained,
-                lost,
-                o.latency().percentile(99.0),
-                args.break_p99_ms,
-                slip,
-            ) {
-                println!(
-                    "  {} breaks at {rate} msg/s per channel (lost or late frames, p99 over {} ms, or publishing took {slip:.1}× the planned time)",
-                    srv.label, args.break_p99_ms
-                );
-                broken[i] = true;
-            }
-            outcomes.push(o);
-        }
-        let herald = outcomes.iter().find(|o| o.label == "herald");
-        println!("summary at {rate} msg/s per channel:");
-        let mut ratios = serde_json::Map::new();
-        if let Some(h) = herald {
-            for o in outcomes.iter().filter(|o| o.label != "herald") {
-                let r = ratio(h.fps().unwrap_or(f64::NAN), o.fps().unwrap_or(f64::NAN));
-                let target = target_ratio(&o.label, shares_writes);
-                println!(
-                    "  herald / {} = {} frames per server CPU-second ({} vs {}){}",
-                    o.label,
-                    fmt_ratio(r),
-                    fmt_rate(h.fps()),
-                    fmt_rate(o.fps()),
-                    target
-                        .map(|t| format!("; target ≥ {t}×: {}", verdict(r, t, false)))
-                        .unwrap_or_default()
-                );
-                ratios.insert(o.label.clone(), r.into());
-                if o.label == "herald-deflate" {
-                    println!(
-                        "  herald-deflate / herald = {} bytes on the wire per frame ({:.0} vs {:.0} B)",
-                        fmt_ratio(ratio(o.stats.wire_bytes as f64 / o.stats.msgs.max(1) as f64, h.stats.wire_bytes as f64 / h.stats.msgs.max(1) as f64)),
-                        o.stats.wire_bytes as f64 / o.stats.msgs.max(1) as f64,
-                        h.stats.wire_bytes as f64 / h.stats.msgs.max(1) as f64,
+            let outcomes = round_at(&args, &plan, &servers, &mut broken, split, deadline).await?;
+            let ratios = summarize(rate, &outcomes, shares_writes);
+            for o in &outcomes {
+                let mut line = json!({
+                    "scenario": "fanout",
+                    "server": o.kind.as_str(),
+                    "label": o.label,
+                    "round": round,
+                    "params": params(&args, &plan, split),
+                });
+                merge(&mut line, o.json());
+                if o.label == "herald" {
+                    merge(
+                        &mut line,
+                        json!({
+                            "ratios": ratios,
+                            "plugin": args.plugin.as_ref().map(|p| p.display().to_string()),
+                        }),
                     );
                 }
+                args.common.record(line)?;
             }
+            pairs.push(ratios);
+            all.extend(outcomes);
         }
-        for o in &outcomes {
-            let mut line = json!({
-                "scenario": "fanout",
-                "server": o.kind.as_str(),
-                "label": o.label,
-                "params": params(&args, &plan, split),
-            });
-            merge(&mut line, o.json());
-            if o.label == "herald" {
-                merge(
-                    &mut line,
-                    json!({
-                        "ratios": ratios,
-                        "plugin": args.plugin.as_ref().map(|p| p.display().to_string()),
-                    }),
-                );
-            }
-            args.common.record(line)?;
+        if pairs.len() > 1 {
+            print_medians(rate, &pairs, shares_writes);
         }
-        all.extend(outcomes);
     }
     if rates.len() > 1 {
         let path = crate::report::plot_path(&args.common, "fanout-latency");
@@ -536,6 +514,145 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
         println!("smoke checks passed");
     }
     Ok(())
+}
+
+/// One turn of every server that has not broken yet at this plan's rate.
+async fn round_at(
+    args: &FanoutArgs,
+    plan: &Plan,
+    servers: &[Server<'_>],
+    broken: &mut [bool],
+    split: bool,
+    deadline: Instant,
+) -> anyhow::Result<Vec<Outcome>> {
+    let rate = plan.rate;
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    for (i, srv) in servers.iter().enumerate() {
+        if broken[i] {
+            continue;
+        }
+        println!("{} at {rate} msg/s per channel:", srv.label);
+        let o = one(args, plan, srv, split, deadline).await?;
+        print_outcome(&o);
+        let lost = o.offered.saturating_sub(o.stats.msgs) + o.dropped_by_server;
+        let slip = o.publish_secs / args.duration_secs;
+        if breaks(
+            o.drained,
+            lost,
+            o.latency().percentile(99.0),
+            args.break_p99_ms,
+            slip,
+        ) {
+            println!(
+                "  {} breaks at {rate} msg/s per channel (lost or late frames, p99 over {} ms, or publishing took {slip:.1}× the planned time)",
+                srv.label, args.break_p99_ms
+            );
+            broken[i] = true;
+        }
+        outcomes.push(o);
+    }
+    Ok(outcomes)
+}
+
+/// Prints Herald's ratio to every other server of one round (frames per
+/// server CPU-second, and bytes per frame between compressing servers) and
+/// returns them by label.
+fn summarize(
+    rate: f64,
+    outcomes: &[Outcome],
+    shares_writes: bool,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut ratios = serde_json::Map::new();
+    println!("summary at {rate} msg/s per channel:");
+    let per_frame = |o: &Outcome| o.stats.wire_bytes as f64 / o.stats.msgs.max(1) as f64;
+    let Some(h) = outcomes.iter().find(|o| o.label == "herald") else {
+        return ratios;
+    };
+    for o in outcomes.iter().filter(|o| o.label != "herald") {
+        let r = ratio(h.fps().unwrap_or(f64::NAN), o.fps().unwrap_or(f64::NAN));
+        let target = target_ratio(&o.label, shares_writes);
+        println!(
+            "  herald / {} = {} frames per server CPU-second ({} vs {}); p99 {} vs {}{}",
+            o.label,
+            fmt_ratio(r),
+            fmt_rate(h.fps()),
+            fmt_rate(o.fps()),
+            fmt_ms(h.latency().percentile(99.0)),
+            fmt_ms(o.latency().percentile(99.0)),
+            target
+                .map(|t| format!("; target ≥ {t}×: {}", verdict(r, t, false)))
+                .unwrap_or_default()
+        );
+        ratios.insert(o.label.clone(), r.into());
+        if o.label == "herald-deflate" {
+            println!(
+                "  herald-deflate / herald = {} bytes on the wire per frame ({:.0} vs {:.0} B)",
+                fmt_ratio(ratio(per_frame(o), per_frame(h))),
+                per_frame(o),
+                per_frame(h),
+            );
+        }
+    }
+    let deflating = outcomes.iter().find(|o| o.label == "herald-deflate");
+    let uws_deflating = outcomes.iter().find(|o| o.label == "uwebsockets-deflate");
+    if let (Some(d), Some(u)) = (deflating, uws_deflating) {
+        let r = ratio(d.fps().unwrap_or(f64::NAN), u.fps().unwrap_or(f64::NAN));
+        println!(
+            "  herald-deflate / uwebsockets-deflate = {} frames per server CPU-second ({} vs {}), bytes per frame {:.0} vs {:.0} B",
+            fmt_ratio(r),
+            fmt_rate(d.fps()),
+            fmt_rate(u.fps()),
+            per_frame(d),
+            per_frame(u),
+        );
+        ratios.insert("deflate:uwebsockets-deflate".into(), r.into());
+    }
+    ratios
+}
+
+/// Each label's ratio in every round and the median of them.
+fn print_medians(
+    rate: f64,
+    pairs: &[serde_json::Map<String, serde_json::Value>],
+    shares_writes: bool,
+) {
+    println!(
+        "same-run pairs at {rate} msg/s per channel ({} rounds):",
+        pairs.len()
+    );
+    let mut labels: Vec<&String> = pairs.iter().flat_map(|p| p.keys()).collect();
+    labels.sort();
+    labels.dedup();
+    for label in labels {
+        let mut rs: Vec<f64> = pairs
+            .iter()
+            .filter_map(|p| p.get(label.as_str()).and_then(|v| v.as_f64()))
+            .collect();
+        let each = rs
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let median = median(&mut rs);
+        let target = target_ratio(label, shares_writes);
+        println!(
+            "  herald / {label}: {each}; median {}{}",
+            median.map_or("n/a".into(), |m| format!("{m:.2}×")),
+            target
+                .map(|t| format!("; target ≥ {t}×: {}", verdict(median, t, false)))
+                .unwrap_or_default()
+        );
+    }
+}
+
+/// The median of `xs` (the lower middle one for an even count).
+pub fn median(xs: &mut Vec<f64>) -> Option<f64> {
+    xs.retain(|x| x.is_finite());
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    Some(xs[(xs.len() - 1) / 2])
 }
 
 fn params(args: &FanoutArgs, plan: &Plan, split: bool) -> serde_json::Value {

@@ -63,8 +63,10 @@ pub async fn run(mut args: IdleArgs) -> anyhow::Result<()> {
         args.conns = vec![20, 50];
         args.settle_secs = args.settle_secs.min(0.5);
     }
-    if args.transport == Transport::Sse && args.peers.contains(&Peer::Python) {
-        anyhow::bail!("the Python peer speaks WebSocket only; use --transport ws");
+    if args.transport == Transport::Sse
+        && (args.peers.contains(&Peer::Python) || args.peers.contains(&Peer::Uws))
+    {
+        anyhow::bail!("the Python and uWebSockets peers speak WebSocket only; use --transport ws");
     }
     let deadline = Instant::now() + args.common.deadline();
     let mut kinds = vec![Kind::Herald];

@@ -32,6 +32,8 @@ pub enum Kind {
     Nchan,
     /// `bench/peers/py_broadcast.py` on the `websockets` library.
     Python,
+    /// `bench/peers/uws_pubsub.js` on uWebSockets.js (C++ uWebSockets).
+    Uws,
 }
 
 impl Kind {
@@ -41,6 +43,7 @@ impl Kind {
             Kind::Raw => "raw",
             Kind::Nchan => "nchan",
             Kind::Python => "python-websockets",
+            Kind::Uws => "uwebsockets",
         }
     }
 }
@@ -50,6 +53,8 @@ impl Kind {
 pub enum Peer {
     Nchan,
     Python,
+    /// uWebSockets (its Node binding, uWebSockets.js 20.30).
+    Uws,
 }
 
 impl Peer {
@@ -57,6 +62,7 @@ impl Peer {
         match self {
             Peer::Nchan => Kind::Nchan,
             Peer::Python => Kind::Python,
+            Peer::Uws => Kind::Uws,
         }
     }
 }
@@ -321,7 +327,7 @@ impl Target {
             Kind::Herald | Kind::Raw => Dialect::Herald {
                 tenant: TENANT.into(),
             },
-            Kind::Nchan => Dialect::Bare {
+            Kind::Nchan | Kind::Uws => Dialect::Bare {
                 path: "/sub/{chs}".into(),
             },
             Kind::Python => Dialect::Bare {
@@ -335,9 +341,10 @@ impl Target {
         HttpConn::new(self.publish_addr)
     }
 
-    /// Publishes `msgs` (channel, JSON payload): Herald and the raw baseline
-    /// take them in one request (or one request each with `split`); the peers
-    /// take one request per message (their API has no batch of channels).
+    /// Publishes `msgs` (channel, JSON payload): Herald, the raw baseline and
+    /// the uWebSockets peer take them in one request (or one request each
+    /// with `split`); nchan and Python take one request per message (their
+    /// API has no batch of channels).
     pub async fn publish(
         &self,
         http: &mut HttpConn,
@@ -346,6 +353,11 @@ impl Target {
     ) -> Published {
         let mut out = Published::default();
         let peer = matches!(self.kind, Kind::Nchan | Kind::Python);
+        // uWebSockets takes Herald's batch body at `/pub`.
+        let batch_path = match self.kind {
+            Kind::Uws => "/pub".to_string(),
+            _ => format!("/v1/t/{TENANT}/publish"),
+        };
         if split || peer || msgs.len() == 1 {
             for (ch, data) in msgs {
                 let (path, body) = match self.kind {
@@ -353,7 +365,7 @@ impl Target {
                         format!("/v1/t/{TENANT}/publish"),
                         format!(r#"{{"ch":"{ch}","data":{data}}}"#),
                     ),
-                    Kind::Nchan | Kind::Python => (format!("/pub/{ch}"), data.clone()),
+                    Kind::Nchan | Kind::Python | Kind::Uws => (format!("/pub/{ch}"), data.clone()),
                 };
                 self.publish_one(http, &path, &body, 1, &mut out).await;
             }
@@ -363,8 +375,7 @@ impl Target {
                 .map(|(ch, data)| format!(r#"{{"ch":"{ch}","data":{data}}}"#))
                 .collect();
             let body = format!("[{}]", items.join(","));
-            let path = format!("/v1/t/{TENANT}/publish");
-            self.publish_one(http, &path, &body, msgs.len() as u64, &mut out)
+            self.publish_one(http, &batch_path, &body, msgs.len() as u64, &mut out)
                 .await;
         }
         out

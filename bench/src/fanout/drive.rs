@@ -30,6 +30,7 @@ pub(super) async fn start_bin(
         Kind::Raw => Target::raw().await,
         Kind::Nchan => Target::peer(Peer::Nchan).await,
         Kind::Python => Target::peer(Peer::Python).await,
+        Kind::Uws => Target::peer(Peer::Uws).await,
     }
 }
 
@@ -62,6 +63,7 @@ pub(super) async fn one(
             t
         }
         _ => match srv.deflate {
+            Some(_) if kind == Kind::Uws => Target::uws(true).await?,
             Some(min) => {
                 let mut extra = c.herald_args.clone();
                 extra.extend(["--deflate-min-bytes".to_string(), min.to_string()]);

@@ -1,7 +1,7 @@
 //! The servers Herald is compared with, as targets: the raw one-write-per-
-//! frame baseline (this binary's `raw-server`), nginx + nchan and the Python
-//! websockets broadcaster, each installed by bench/peers/install.sh when
-//! missing.
+//! frame baseline (this binary's `raw-server`), nginx + nchan, the Python
+//! websockets broadcaster and uWebSockets.js, each installed by
+//! bench/peers/install.sh when missing.
 
 use super::*;
 
@@ -37,7 +37,38 @@ impl Target {
         match peer {
             Peer::Nchan => Target::nchan().await,
             Peer::Python => Target::python().await,
+            Peer::Uws => Target::uws(false).await,
         }
+    }
+
+    /// Starts `bench/peers/uws_pubsub.js` (one port for WebSocket and HTTP);
+    /// with `deflate`, permessage-deflate with its shared compressor.
+    pub async fn uws(deflate: bool) -> anyhow::Result<Target> {
+        ensure_installed(Peer::Uws)?;
+        let dir = TempDir::new("uws-bench")?;
+        let port = procs::free_port()?;
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let log = dir.path().join("uws.log");
+        let mut cmd = Command::new("node");
+        cmd.arg(peers_dir().join("uws_pubsub.js"))
+            .args(["--port", &port.to_string()]);
+        if deflate {
+            cmd.arg("--deflate");
+        }
+        let child = spawn_logged(&mut cmd, &log, "node uws_pubsub.js")?;
+        let mut t = Target {
+            kind: Kind::Uws,
+            addr,
+            publish_addr: addr,
+            publish_key: String::new(),
+            admin: String::new(),
+            guard: ChildGuard::terminating("uwebsockets", child),
+            others: Vec::new(),
+            log,
+            _dir: dir,
+        };
+        t.wait_ready().await?;
+        Ok(t)
     }
 
     async fn nchan() -> anyhow::Result<Target> {
@@ -105,6 +136,18 @@ impl Target {
 pub(super) const NGINX: &str = "/usr/sbin/nginx";
 pub(super) const NCHAN_MODULE: &str = "/usr/lib/nginx/modules/ngx_nchan_module.so";
 
+/// Where bench/peers/install.sh puts uWebSockets.js.
+pub(super) fn uws_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("HERALD_UWS_DIR") {
+        return d.into();
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"));
+    cache.join("herald").join("uws")
+}
+
 pub(super) fn peers_dir() -> PathBuf {
     crate::report::bench_dir().join("peers")
 }
@@ -112,6 +155,16 @@ pub(super) fn peers_dir() -> PathBuf {
 pub(super) fn installed(peer: Peer) -> bool {
     match peer {
         Peer::Nchan => Path::new(NGINX).is_file() && Path::new(NCHAN_MODULE).is_file(),
+        Peer::Uws => {
+            uws_dir()
+                .join("node_modules/@trufflesuite/uws-js-unofficial/package.json")
+                .is_file()
+                && Command::new("node")
+                    .arg("--version")
+                    .stdout(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+        }
         Peer::Python => Command::new("python3")
             .args(["-c", "import websockets"])
             .stdout(Stdio::null())
