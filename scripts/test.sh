@@ -168,7 +168,7 @@ PG_PORT="$(cat "$PG_DIR/port")"
 export HERALD_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:$PG_PORT/herald_test"
 export HERALD_REQUIRE_POSTGRES=1
 
-step "benchmark peers (nginx + nchan from Debian, Python websockets from PyPI) for the bench smoke runs" \
+step "benchmark peers (nginx + nchan from Debian, Python websockets from PyPI, uWebSockets.js from npm) for the bench smoke runs" \
     900 bash bench/peers/install.sh
 
 lane_add "plugins (wasm32-wasip2 components the integration tests load)" 1200 ./plugins/build.sh

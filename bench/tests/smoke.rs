@@ -1,6 +1,6 @@
 //! Every scenario at tiny scale, so the bench cannot rot: each run starts
 //! its servers (Herald from this build, the raw baseline, nchan and the
-//! Python peer where the scenario compares them), checks that nothing was
+//! Python and uWebSockets peers where the scenario compares them), checks that nothing was
 //! lost, stops everything it started and records nothing.
 //!
 //! The peers come from `bench/peers/install.sh` (run by `scripts/test.sh`;
@@ -79,7 +79,7 @@ fn ingest_checked(args: &[&str]) {
 
 #[test]
 fn idle_ws_beside_peers() {
-    smoke(&["idle", "--peers", "nchan,python"]);
+    smoke(&["idle", "--peers", "nchan,python,uws"]);
 }
 
 #[test]
@@ -94,7 +94,24 @@ fn idle_across_reuse_port_processes() {
 
 #[test]
 fn fanout_beside_raw_and_peers() {
-    smoke(&["fanout", "--baseline", "raw", "--peers", "nchan,python"]);
+    smoke(&["fanout", "--baseline", "raw", "--peers", "nchan,python,uws"]);
+}
+
+/// Each server's own batch API (uWebSockets' `/pub` takes Herald's batch
+/// body), two rounds of same-run pairs.
+#[test]
+fn fanout_native_batches_in_rounds() {
+    smoke(&[
+        "fanout",
+        "--batch",
+        "3",
+        "--publish",
+        "native",
+        "--peers",
+        "uws",
+        "--repeat",
+        "2",
+    ]);
 }
 
 #[test]
@@ -122,7 +139,7 @@ fn ticker_with_conflation() {
 
 #[test]
 fn slow_consumers_beside_peers() {
-    smoke(&["slow", "--peers", "nchan,python"]);
+    smoke(&["slow", "--peers", "nchan,python,uws"]);
 }
 
 #[test]
@@ -133,7 +150,7 @@ fn connect_rate_and_storm() {
         "--plugins",
         p.to_str().unwrap(),
         "--peers",
-        "nchan,python",
+        "nchan,python,uws",
     ]);
 }
 
