@@ -224,6 +224,8 @@ pub struct Outcome {
     /// CPU that processes other than the server and the bench used in the window.
     foreign_cpu: f64,
     frames_per_write: Option<f64>,
+    /// Waits of Herald's writers holding off for lagging readers.
+    lagging_holds: Option<f64>,
     stats: Stats,
     rss_kib: u64,
 }
@@ -268,6 +270,7 @@ impl Outcome {
             "server_cpu_secs": self.server_cpu,
             "frames_per_server_cpu_sec": self.fps(),
             "frames_per_write": self.frames_per_write,
+            "lagging_holds": self.lagging_holds,
             "latency_us": {
                 "p50": h.percentile(50.0), "p99": h.percentile(99.0), "p999": h.percentile(99.9),
                 "max": (h.count() > 0).then(|| h.max()), "mean": h.mean(),

@@ -491,8 +491,9 @@ impl Target {
             .try_fold((0, 0), |a, m| m.map(|m| (a.0 + m.0, a.1 + m.1)))
     }
 
-    /// Herald's `frames_sent` and `socket_writes` counters for the tenant.
-    pub async fn write_counters(&self) -> Option<(f64, f64)> {
+    /// Herald's `frames_sent`, `socket_writes` and lagging-reader holds
+    /// counters for the tenant (holds 0 for a build without them).
+    pub async fn write_counters(&self) -> Option<(f64, f64, f64)> {
         if self.kind != Kind::Herald {
             return None;
         }
@@ -504,6 +505,7 @@ impl Target {
         Some((
             metric(&text, "herald_frames_sent_total", TENANT)?,
             metric(&text, "herald_socket_writes_total", TENANT)?,
+            metric(&text, "herald_lagging_reader_holds_total", TENANT).unwrap_or(0.0),
         ))
     }
 }

@@ -123,7 +123,11 @@ pub(super) async fn one(
     let (stats, _) = pool.stop().await?;
     server.check_alive()?;
     let frames_per_write = match (counters0, counters1) {
-        (Some((f0, w0)), Some((f1, w1))) => ratio(f1 - f0, w1 - w0),
+        (Some((f0, w0, _)), Some((f1, w1, _))) => ratio(f1 - f0, w1 - w0),
+        _ => None,
+    };
+    let lagging_holds = match (counters0, counters1) {
+        (Some((_, _, h0)), Some((_, _, h1))) => Some(h1 - h0),
         _ => None,
     };
     Ok(Outcome {
@@ -146,6 +150,7 @@ pub(super) async fn one(
         workers_cpu: w1 - w0,
         foreign_cpu,
         frames_per_write,
+        lagging_holds,
         stats,
         rss_kib,
     })

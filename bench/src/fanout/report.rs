@@ -126,6 +126,9 @@ pub(super) fn print_outcome(o: &Outcome) {
     if let Some(f) = o.frames_per_write {
         println!("  {f:.2} frames per socket write (herald counters)");
     }
+    if let Some(h) = o.lagging_holds.filter(|h| *h > 0.0) {
+        println!("  {h:.0} waits of writers holding off for lagging readers (herald counters)");
+    }
     println!(
         "  latency publish->receive: p50 {}, p99 {}, p99.9 {}, max {}",
         fmt_ms(h.percentile(50.0)),

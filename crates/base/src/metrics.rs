@@ -50,6 +50,9 @@ pub struct TenantMetrics {
     /// message and audience, however many sessions it is sent to.
     pub deflated: Counter,
     pub writes: Counter,
+    /// Waits of a writer holding off for a reader falling behind (its
+    /// window low at two looks in a row): one per pace it waits.
+    pub lagging: Counter,
     pub published: Counter,
     pub conflated: Counter,
     pub dropped: Counter,
@@ -84,6 +87,7 @@ impl TenantMetrics {
             frames_sent: counter!("herald_frames_sent_total", "tenant" => t.clone()),
             writes: counter!("herald_socket_writes_total", "tenant" => t.clone()),
             deflated: counter!("herald_ws_deflated_total", "tenant" => t.clone()),
+            lagging: counter!("herald_lagging_reader_holds_total", "tenant" => t.clone()),
             published: counter!("herald_messages_published_total", "tenant" => t.clone()),
             conflated: slow("conflated"),
             dropped: slow("dropped"),

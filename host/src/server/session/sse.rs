@@ -172,6 +172,7 @@ pub async fn run_sse(app: Arc<Server>, stream: TcpStream, req: SseRequest, admit
             .err();
         }
         if end.is_none() && out.take_new_hold() {
+            tenant.metrics.lagging.increment(1);
             tenant.sessions.hold(&handle);
         }
     }

@@ -42,15 +42,19 @@ pub(super) struct Unwritten {
 }
 
 /// A reader falling behind (its window below three quarters of the widest
-/// it showed: one that reads keeps it at its widest, one that stopped
-/// shrinks it once its buffer holds some 100 KiB; see `peer_window.rs`)
-/// is written to once per [`LAG_PACE`], everything queued in one write,
-/// instead of once per message: a client that stopped reading costs a few
-/// writes while its buffers fill, not one per message for every message.
+/// it showed, at two looks in a row: one that reads keeps it at its widest,
+/// or gets it back by the next look; one that stopped shrinks it once its
+/// buffer holds some 100 KiB; see `peer_window.rs`) is written to once per
+/// [`LAG_PACE`], everything queued in one write, instead of once per
+/// message: a client that stopped reading costs a few writes while its
+/// buffers fill, not one per message for every message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Hold {
     /// Written as frames come.
     No,
+    /// The window was low at the last look (or the writer was holding off
+    /// until now): low again at the next, and the writer holds off.
+    Low,
     /// Just found lagging: the session must park and ask the pacer.
     New,
     /// Parked, waiting for the pacer.
@@ -116,7 +120,7 @@ impl Unwritten {
     /// The session's handle must be parked: a backlog waits for the
     /// socket, or the writer holds off for a lagging reader.
     pub(super) fn parks(&self) -> bool {
-        !self.bufs.is_empty() || self.hold != Hold::No
+        !self.bufs.is_empty() || matches!(self.hold, Hold::New | Hold::Waiting)
     }
 
     /// Whether the reader was just found lagging (once: the session then
@@ -132,8 +136,10 @@ impl Unwritten {
     /// The pacer's wake-up (or any other): write again, and look at the
     /// window after that write. True if the writer was holding off.
     pub(super) fn end_hold(&mut self) -> bool {
-        let held = std::mem::replace(&mut self.hold, Hold::No) != Hold::No;
+        let held = matches!(self.hold, Hold::New | Hold::Waiting);
         if held {
+            // Still low after this write: hold off again at once.
+            self.hold = Hold::Low;
             self.unchecked = WINDOW_CHECK_BYTES;
         }
         held
@@ -141,7 +147,8 @@ impl Unwritten {
 
     /// Counts `n` bytes written; every [`WINDOW_CHECK_BYTES`] (and after
     /// the first write after a hold) looks at the peer's window and holds
-    /// the writer if it is below three quarters of the widest seen.
+    /// the writer if it was below three quarters of the widest seen at this
+    /// look and the one before.
     fn wrote(&mut self, n: usize, stream: &TcpStream) {
         self.unchecked = self.unchecked.saturating_add(n as u32);
         if self.unchecked < WINDOW_CHECK_BYTES {
@@ -153,9 +160,13 @@ impl Unwritten {
         };
         let kib = (window / 1024).min(u32::from(u16::MAX)) as u16;
         self.widest_kib = self.widest_kib.max(kib);
-        if u32::from(kib) * 4 < u32::from(self.widest_kib) * 3 && self.hold == Hold::No {
-            self.hold = Hold::New;
-        }
+        let low = u32::from(kib) * 4 < u32::from(self.widest_kib) * 3;
+        self.hold = match (self.hold, low) {
+            (Hold::No, true) => Hold::Low,
+            (Hold::Low, true) => Hold::New,
+            (Hold::Low, false) => Hold::No,
+            (h, _) => h,
+        };
     }
 
     /// Writes as much as the socket takes. `Ok(true)` when everything went.

@@ -271,6 +271,7 @@ impl WsSession {
             }
             // A lagging reader: parked above, woken by the pacer.
             if self.out.take_new_hold() {
+                self.tenant.metrics.lagging.increment(1);
                 self.tenant.sessions.hold(&self.handle);
             }
             return Ok(());
