@@ -405,61 +405,56 @@ async fn watch_memory(app: Arc<Node>) {
     }
 }
 
-async fn sweep_channels(app: Arc<Node>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(10));
+/// Runs `each` on every tenant every `period` until shutdown (a late tick
+/// is taken late, not doubled up).
+async fn every_tenant(app: Arc<Node>, period: Duration, mut each: impl FnMut(&tenant::Tenant)) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = app.shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let now = now_ms() as u64;
         for t in app.tenants.all() {
-            t.hub.sweep(t.settings().limits.history(), now);
+            each(&t);
         }
     }
+}
+
+async fn sweep_channels(app: Arc<Node>) {
+    every_tenant(app, Duration::from_secs(10), |t| {
+        t.hub.sweep(t.settings().limits.history(), now_ms() as u64);
+    })
+    .await
 }
 
 /// Wakes the writers that hold off for lagging readers, all tenants at
 /// once, every `LAG_PACE`: such a reader gets what queued meanwhile in one
 /// write (`session/writer.rs`, `Hold`).
 async fn release_lagging(app: Arc<Node>) {
-    let mut tick = tokio::time::interval(server::session::LAG_PACE);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = app.shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        for t in app.tenants.all() {
-            t.sessions.release_held();
-        }
-    }
+    every_tenant(app, server::session::LAG_PACE, |t| {
+        t.sessions.release_held();
+    })
+    .await
 }
 
 /// Closes each tenant's conflation window on time: one timer for all
 /// tenants, which never blocks on one of them.
 async fn flush_conflation(app: Arc<Node>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(5));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = app.shutdown.cancelled() => return,
-            _ = tick.tick() => {}
+    // Never waits for a tenant's window: a batch holding it (a slow merge
+    // on that tenant's plugin threads) delays that tenant's flush by a
+    // tick, nobody else's.
+    every_tenant(app, Duration::from_millis(5), |t| {
+        let window = t.settings().conflation.window_ms;
+        if window == 0 && t.conflator.try_lock().is_some_and(|c| c.is_empty()) {
+            return;
         }
-        // Never waits for a tenant's window: a batch holding it (a slow
-        // merge on that tenant's plugin threads) delays that tenant's flush
-        // by a tick, nobody else's.
-        for t in app.tenants.all() {
-            let window = t.settings().conflation.window_ms;
-            if window == 0 && t.conflator.try_lock().is_some_and(|c| c.is_empty()) {
-                continue;
-            }
-            let due = t.last_flush.lock().elapsed() >= Duration::from_millis(window);
-            if due && ingest::try_flush(&t).is_some() {
-                *t.last_flush.lock() = std::time::Instant::now();
-            }
+        let due = t.last_flush.lock().elapsed() >= Duration::from_millis(window);
+        if due && ingest::try_flush(t).is_some() {
+            *t.last_flush.lock() = std::time::Instant::now();
         }
-    }
+    })
+    .await
 }
 
 #[cfg(test)]
