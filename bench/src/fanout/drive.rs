@@ -1,5 +1,5 @@
 //! Driving one server through a fan-out run: starting it, publishing the
-//! plan, waiting for the subscribers to drain.
+//! plan, waiting for the subscribers to drain; one round over every server.
 
 use super::*;
 
@@ -229,4 +229,42 @@ pub async fn drain(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// One turn of every server that has not broken yet at this plan's rate.
+pub(super) async fn round_at(
+    args: &FanoutArgs,
+    plan: &Plan,
+    servers: &[Server<'_>],
+    broken: &mut [bool],
+    split: bool,
+    deadline: Instant,
+) -> anyhow::Result<Vec<Outcome>> {
+    let rate = plan.rate;
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    for (i, srv) in servers.iter().enumerate() {
+        if broken[i] {
+            continue;
+        }
+        println!("{} at {rate} msg/s per channel:", srv.label);
+        let o = one(args, plan, srv, split, deadline).await?;
+        print_outcome(&o);
+        let lost = o.offered.saturating_sub(o.stats.msgs) + o.dropped_by_server;
+        let slip = o.publish_secs / args.duration_secs;
+        if breaks(
+            o.drained,
+            lost,
+            o.latency().percentile(99.0),
+            args.break_p99_ms,
+            slip,
+        ) {
+            println!(
+                "  {} breaks at {rate} msg/s per channel (lost or late frames, p99 over {} ms, or publishing took {slip:.1}× the planned time)",
+                srv.label, args.break_p99_ms
+            );
+            broken[i] = true;
+        }
+        outcomes.push(o);
+    }
+    Ok(outcomes)
 }

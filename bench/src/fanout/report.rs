@@ -1,5 +1,5 @@
 //! What a fan-out run prints and draws: the latency plot, the smoke
-//! checks, one outcome's lines.
+//! checks, one outcome's lines, each round's ratios and their medians.
 
 use super::*;
 
@@ -161,4 +161,105 @@ pub(super) fn print_outcome(o: &Outcome) {
         "  other processes used {:.2} CPU-s during the window (kernel softirq time included){busy}",
         o.foreign_cpu
     );
+}
+
+/// Prints Herald's ratio to every other server of one round (frames per
+/// server CPU-second, and bytes per frame between compressing servers) and
+/// returns them by label.
+pub(super) fn summarize(
+    rate: f64,
+    outcomes: &[Outcome],
+    shares_writes: bool,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut ratios = serde_json::Map::new();
+    println!("summary at {rate} msg/s per channel:");
+    let per_frame = |o: &Outcome| o.stats.wire_bytes as f64 / o.stats.msgs.max(1) as f64;
+    let Some(h) = outcomes.iter().find(|o| o.label == "herald") else {
+        return ratios;
+    };
+    for o in outcomes.iter().filter(|o| o.label != "herald") {
+        let r = ratio(h.fps().unwrap_or(f64::NAN), o.fps().unwrap_or(f64::NAN));
+        let target = target_ratio(&o.label, shares_writes);
+        println!(
+            "  herald / {} = {} frames per server CPU-second ({} vs {}); p99 {} vs {}{}",
+            o.label,
+            fmt_ratio(r),
+            fmt_rate(h.fps()),
+            fmt_rate(o.fps()),
+            fmt_ms(h.latency().percentile(99.0)),
+            fmt_ms(o.latency().percentile(99.0)),
+            target
+                .map(|t| format!("; target ≥ {t}×: {}", verdict(r, t, false)))
+                .unwrap_or_default()
+        );
+        ratios.insert(o.label.clone(), r.into());
+        if o.label == "herald-deflate" {
+            println!(
+                "  herald-deflate / herald = {} bytes on the wire per frame ({:.0} vs {:.0} B)",
+                fmt_ratio(ratio(per_frame(o), per_frame(h))),
+                per_frame(o),
+                per_frame(h),
+            );
+        }
+    }
+    let deflating = outcomes.iter().find(|o| o.label == "herald-deflate");
+    let uws_deflating = outcomes.iter().find(|o| o.label == "uwebsockets-deflate");
+    if let (Some(d), Some(u)) = (deflating, uws_deflating) {
+        let r = ratio(d.fps().unwrap_or(f64::NAN), u.fps().unwrap_or(f64::NAN));
+        println!(
+            "  herald-deflate / uwebsockets-deflate = {} frames per server CPU-second ({} vs {}), bytes per frame {:.0} vs {:.0} B",
+            fmt_ratio(r),
+            fmt_rate(d.fps()),
+            fmt_rate(u.fps()),
+            per_frame(d),
+            per_frame(u),
+        );
+        ratios.insert("deflate:uwebsockets-deflate".into(), r.into());
+    }
+    ratios
+}
+
+/// Each label's ratio in every round and the median of them.
+pub(super) fn print_medians(
+    rate: f64,
+    pairs: &[serde_json::Map<String, serde_json::Value>],
+    shares_writes: bool,
+) {
+    println!(
+        "same-run pairs at {rate} msg/s per channel ({} rounds):",
+        pairs.len()
+    );
+    let mut labels: Vec<&String> = pairs.iter().flat_map(|p| p.keys()).collect();
+    labels.sort();
+    labels.dedup();
+    for label in labels {
+        let mut rs: Vec<f64> = pairs
+            .iter()
+            .filter_map(|p| p.get(label.as_str()).and_then(|v| v.as_f64()))
+            .collect();
+        let each = rs
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let median = median(&mut rs);
+        let target = target_ratio(label, shares_writes);
+        println!(
+            "  herald / {label}: {each}; median {}{}",
+            median.map_or("n/a".into(), |m| format!("{m:.2}×")),
+            target
+                .map(|t| format!("; target ≥ {t}×: {}", verdict(median, t, false)))
+                .unwrap_or_default()
+        );
+    }
+}
+
+/// The median of `xs` (the lower middle one for an even count).
+pub fn median(xs: &mut Vec<f64>) -> Option<f64> {
+    xs.retain(|x| x.is_finite());
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    Some(xs[(xs.len() - 1) / 2])
 }

@@ -78,3 +78,11 @@ fn breaking_and_targets() {
     assert_eq!(target_ratio("raw", true), Some(0.9));
     assert_eq!(target_ratio("python-websockets", false), None);
 }
+
+#[test]
+fn median_of_pairs() {
+    assert_eq!(median(&mut vec![0.83, 0.70, 0.70]), Some(0.70));
+    assert_eq!(median(&mut vec![1.0, f64::NAN, 3.0, 2.0]), Some(2.0));
+    assert_eq!(median(&mut vec![2.0, 1.0]), Some(1.0));
+    assert_eq!(median(&mut vec![f64::NAN]), None);
+}
