@@ -22,6 +22,7 @@ mod procs;
 mod raw;
 mod report;
 mod slow;
+mod swap;
 mod target;
 mod ticker;
 mod track;
@@ -52,6 +53,8 @@ enum Cmd {
     Slow(slow::SlowArgs),
     /// Plugin cost: transform per message, authorize-connect latency, connect rate with jwt-auth.
     Plugin(plugin::PluginArgs),
+    /// Hot swap under load: activate to serving, per plugin language.
+    Swap(swap::SwapArgs),
     /// A process holding a share of the client connections (started by the scenarios).
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
@@ -87,6 +90,10 @@ fn main() -> anyhow::Result<()> {
         Cmd::Slow(a) => {
             let deadline = a.common.deadline();
             scenario(deadline, slow::run(a))
+        }
+        Cmd::Swap(a) => {
+            let deadline = a.common.deadline();
+            scenario(deadline, swap::run(a))
         }
         Cmd::Fanout(a) => {
             let deadline = a.common.deadline();

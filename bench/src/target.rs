@@ -286,39 +286,38 @@ impl Target {
     pub async fn install_plugin_on(&self, tenant: &str, path: &Path) -> anyhow::Result<()> {
         let wasm = std::fs::read(path)
             .with_context(|| format!("{}: run plugins/build.sh first", path.display()))?;
-        let answer = self
-            .admin_request(
-                "POST",
-                &format!("/admin/v1/tenants/{tenant}/plugins"),
-                &wasm,
-            )
+        let version = self
+            .upload_plugin_on(tenant, &wasm)
             .await
             .with_context(|| format!("uploading {}", path.display()))?;
-        // A large component compiles in the background: poll its status.
-        let mut answer = answer;
-        let started = std::time::Instant::now();
-        while answer["status"] == "compiling" {
-            anyhow::ensure!(
-                started.elapsed() < std::time::Duration::from_secs(300),
-                "{} still compiling after 300 s",
-                path.display()
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            let status = answer["status_url"]
-                .as_str()
-                .context("202 without a status_url")?
-                .to_string();
-            answer = self.admin_request("GET", &status, b"").await?;
-        }
-        anyhow::ensure!(answer["status"] != "failed", "upload failed: {answer}");
-        let version = answer["version"]
-            .as_i64()
-            .context("upload answer has no version")?;
         let path = format!("/admin/v1/tenants/{tenant}/plugins/{version}/activate");
         self.admin_request("POST", &path, b"")
             .await
             .context("activating the plugin")?;
         Ok(())
+    }
+
+    /// Uploads a plugin component to `tenant` (waiting while a large one
+    /// compiles in the background); returns its version.
+    pub async fn upload_plugin_on(&self, tenant: &str, wasm: &[u8]) -> anyhow::Result<i64> {
+        let path = format!("/admin/v1/tenants/{tenant}/plugins");
+        let mut answer = self.admin_request("POST", &path, wasm).await?;
+        let started = std::time::Instant::now();
+        // The 202's status URL; the status it answers may not repeat it.
+        let status = answer["status_url"].as_str().map(str::to_string);
+        while answer["status"] == "compiling" {
+            anyhow::ensure!(
+                started.elapsed() < std::time::Duration::from_secs(300),
+                "still compiling after 300 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let status = status.as_deref().context("202 without a status_url")?;
+            answer = self.admin_request("GET", status, b"").await?;
+        }
+        anyhow::ensure!(answer["status"] != "failed", "upload failed: {answer}");
+        answer["version"]
+            .as_i64()
+            .context("upload answer has no version")
     }
 
     /// How clients subscribe to this server.

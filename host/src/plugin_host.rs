@@ -32,6 +32,8 @@ pub struct PluginHost {
     pub deferred: Mutex<Vec<(Arc<Tenant>, i64)>>,
     /// `load_deferred` is running (the server listens, not yet ready).
     loading: AtomicBool,
+    /// Loads an activation made and its reconcile takes (`stage`).
+    staged: Mutex<Vec<(String, Arc<ActivePlugin>)>>,
 }
 
 /// Why a stored plugin could not be loaded.
@@ -51,6 +53,7 @@ impl PluginHost {
             starting: AtomicBool::new(false),
             deferred: Mutex::default(),
             loading: AtomicBool::new(false),
+            staged: Mutex::default(),
         }
     }
 
@@ -59,37 +62,86 @@ impl PluginHost {
         self.loading.load(Ordering::Acquire)
     }
 
-    /// Compiles (cached by sha256) and loads one stored plugin version for a
-    /// tenant, under the tenant's current config and sandbox limits. The CPU
-    /// work runs on a blocking thread.
+    /// Loads one stored plugin version for a tenant, under the tenant's
+    /// current config and sandbox limits: the load an activation staged for
+    /// it if there is one, else from the compiled component (in memory or
+    /// on disk, found by the registry's sha256, so the component is neither
+    /// read nor hashed again), else compiled from the stored bytes. The CPU
+    /// work runs on blocking threads.
     pub async fn load(
         &self,
         registry: &Registry,
         tenant: &Tenant,
         version: i64,
     ) -> Result<Arc<ActivePlugin>, LoadError> {
-        let bytes = registry.plugin_component(&tenant.id, version).await?;
         let settings = tenant.settings();
+        let (config, limits) = (settings.config.to_string(), settings.limits.sandbox());
+        drop(settings);
+        if let Some(p) = self.take_staged(&tenant.id, version, &config, limits) {
+            return Ok(p);
+        }
+        let sha256 = registry.plugin_sha256(&tenant.id, version).await?;
+        let runtime = self.runtime.clone();
+        let sha = sha256.clone();
+        let compiled = blocking(move || Ok(runtime.compiled(&sha))).await?;
+        let bytes = match compiled {
+            Some(_) => None,
+            None => Some(registry.plugin_component(&tenant.id, version).await?),
+        };
         let activation = Activation {
             version,
-            sha256: crate::plugin::sha256_hex(&bytes),
+            sha256,
             tenant: tenant.id.clone(),
-            config: settings.config.to_string().into(),
-            limits: settings.limits.sandbox(),
+            config: config.into(),
+            limits,
         };
-        drop(settings);
         let runtime = self.runtime.clone();
-        tokio::task::spawn_blocking(move || {
-            let component = runtime.compile(&bytes)?;
+        blocking(move || {
+            let component = match (compiled, bytes) {
+                (Some(c), _) => c,
+                (None, bytes) => {
+                    let bytes = bytes.unwrap_or_default();
+                    if crate::plugin::sha256_hex(&bytes) != activation.sha256 {
+                        return Err(PluginError::Compile(format!(
+                            "the stored component of version {version} does not match its sha256 {}",
+                            activation.sha256
+                        )));
+                    }
+                    runtime.compile(&bytes)?
+                }
+            };
             ActivePlugin::load(&runtime, &component, activation)
         })
         .await
-        .map_err(|e| {
-            LoadError::Plugin(PluginError::Instantiate(format!(
-                "loader thread failed: {e}"
-            )))
-        })?
-        .map_err(LoadError::Plugin)
+    }
+
+    /// Keeps a load an activation made to check the version, for the
+    /// reconcile that applies the activation right after: one load per
+    /// activation, not two.
+    pub fn stage(&self, tenant: &str, loaded: Arc<ActivePlugin>) {
+        let mut staged = self.staged.lock();
+        staged.retain(|(t, _)| t != tenant);
+        staged.push((tenant.to_string(), loaded));
+    }
+
+    /// Drops what `stage` kept for `tenant` and nobody took.
+    pub fn unstage(&self, tenant: &str) {
+        self.staged.lock().retain(|(t, _)| t != tenant);
+    }
+
+    /// The staged load of `tenant`'s `version`, if it was made with this
+    /// config and these limits (else it is dropped: a change landed since).
+    fn take_staged(
+        &self,
+        tenant: &str,
+        version: i64,
+        config: &str,
+        limits: crate::plugin::SandboxLimits,
+    ) -> Option<Arc<ActivePlugin>> {
+        let mut staged = self.staged.lock();
+        let at = staged.iter().position(|(t, _)| t == tenant)?;
+        let (_, p) = staged.swap_remove(at);
+        (p.version == version && p.loaded_with(config, limits)).then_some(p)
     }
 
     /// Drops compiled components that no tenant runs or may roll back to
@@ -150,6 +202,20 @@ impl PluginHost {
             "plugins of the start loaded"
         );
     }
+}
+
+/// Runs plugin CPU work on a blocking thread.
+async fn blocking<R: Send + 'static>(
+    f: impl FnOnce() -> Result<R, PluginError> + Send + 'static,
+) -> Result<R, LoadError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| {
+            LoadError::Plugin(PluginError::Instantiate(format!(
+                "loader thread failed: {e}"
+            )))
+        })?
+        .map_err(LoadError::Plugin)
 }
 
 /// Uploads larger than this compile in the background: the answer is 202

@@ -127,10 +127,21 @@ async fn precompile(app: &Node, tenant: &str, version: i64) {
             return;
         }
     };
+    let sha256 = crate::plugin::sha256_hex(&bytes);
     let runtime = app.plugins.runtime.clone();
     let compiled = tokio::task::spawn_blocking(move || runtime.compile(&bytes).map(drop)).await;
-    if let Ok(Err(e)) = compiled {
-        tracing::warn!(%tenant, version, error = %e, "an uploaded plugin does not compile on this node");
+    match compiled {
+        Ok(Ok(())) => {
+            // Kept compiled as the tenant's newest upload, older ones not.
+            if let Some(t) = app.tenants.get(tenant) {
+                t.plugin_uploaded(sha256);
+            }
+            app.evict_compiled();
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(%tenant, version, error = %e, "an uploaded plugin does not compile on this node")
+        }
+        Err(_) => {}
     }
 }
 

@@ -17,14 +17,16 @@ use super::{
 };
 use parking_lot::Mutex;
 use std::cell::Cell;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::Semaphore;
 use wasmtime::Store;
 
+mod lanes;
 mod transform;
+
+use lanes::thread_cpu;
 
 /// Instances kept idle per version; more are made under load and dropped after.
 const POOL_MAX: usize = 4;
@@ -32,8 +34,8 @@ const POOL_MAX: usize = 4;
 /// How long a call may hold a runtime worker. A jwt-auth call takes ~7 µs
 /// and the hop to a blocking thread ~30 µs more (bench plugin), so most
 /// calls run inline; a call still running after this is cut and runs again
-/// on the tenant's plugin threads, and the version's later calls go there
-/// directly.
+/// on the tenant's plugin threads, and if it is slow there too the
+/// version's later calls go there directly ([`ActivePlugin::run`]).
 pub const INLINE_BUDGET: Duration = Duration::from_millis(2);
 
 /// How a version moved off the workers for being slow earns its way back:
@@ -76,6 +78,10 @@ thread_local! {
     /// Set while a call runs inline on a runtime worker: `call` then gives
     /// it the inline budget instead of its deadline.
     static INLINE_CALL: Cell<bool> = const { Cell::new(false) };
+    /// The CPU time guest calls off the workers took on this thread since
+    /// it was last reset (`None`: no call), an offloaded call's judge
+    /// ([`ActivePlugin::run`]).
+    static CALLS_TOOK: Cell<Option<Duration>> = const { Cell::new(None) };
     /// `herald plugin test`: keep what each call on this thread wrote.
     static KEEP_OUTPUT: Cell<bool> = const { Cell::new(false) };
     static LAST_OUTPUT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
@@ -208,9 +214,7 @@ impl ActivePlugin {
             live: Arc::new(AtomicUsize::new(0)),
             // The tenant's threads, one inline call per runtime worker and
             // the activation's own `describe`.
-            max_live: a.limits.threads
-                + std::thread::available_parallelism().map_or(2, |n| n.get())
-                + 1,
+            max_live: a.limits.threads + runtime_workers() + 1,
             threads: Arc::new(Semaphore::new(a.limits.threads.max(1))),
             waiting: AtomicUsize::new(0),
             mode: AtomicU8::new(INLINE),
@@ -220,23 +224,53 @@ impl ActivePlugin {
             part_streak: AtomicU32::new(0),
         };
         let (name, version, hooks, encoding) = active
-            .call(|store, p| match p {
-                Bound::V0_2(p) => {
-                    let i = p.herald_plugin_guest().call_describe(store)?;
-                    Ok((i.name, i.version, DeclaredHooks::from_v2(i.hooks)))
-                }
-                Bound::V0_1(p) => {
-                    let i = p.herald_plugin_guest().call_describe(store)?;
-                    let hooks = DeclaredHooks::from_v1(i.hooks);
-                    Ok((i.name, i.version, Ok((hooks, Encoding::Flat))))
-                }
-            })
+            .describe()
             .and_then(|(n, v, h)| h.map(|(h, e)| (n, v, h, e)))?;
         active.info.name = name;
         active.info.version = version;
         active.info.hooks = hooks;
         active.info.encoding = encoding;
+        active.premake()?;
         Ok(Arc::new(active))
+    }
+
+    /// Makes the instances the runtime's workers call inline (one each), on
+    /// this thread (the loader's, never a worker): after a swap the first
+    /// connects, subscribes and publishes on every worker find one pooled,
+    /// instead of each going to the plugin threads to make one (a Python
+    /// instance takes milliseconds) while the rest wait or are refused.
+    fn premake(&self) -> Result<(), PluginError> {
+        let want = runtime_workers().min(POOL_MAX);
+        while self.pool.lock().len() < want {
+            let made = self.instantiate()?;
+            self.pool.lock().push(made);
+        }
+        Ok(())
+    }
+
+    /// `describe` on a pooled instance: name, version, hooks, encoding.
+    #[allow(clippy::type_complexity)]
+    fn describe(
+        &self,
+    ) -> Result<
+        (
+            String,
+            String,
+            Result<(DeclaredHooks, Encoding), PluginError>,
+        ),
+        PluginError,
+    > {
+        self.call(|store, p| match p {
+            Bound::V0_2(p) => {
+                let i = p.herald_plugin_guest().call_describe(store)?;
+                Ok((i.name, i.version, DeclaredHooks::from_v2(i.hooks)))
+            }
+            Bound::V0_1(p) => {
+                let i = p.herald_plugin_guest().call_describe(store)?;
+                let hooks = DeclaredHooks::from_v1(i.hooks);
+                Ok((i.name, i.version, Ok((hooks, Encoding::Flat))))
+            }
+        })
     }
 
     /// Whether this load runs with `config` (the tenant's, as JSON text)
@@ -266,6 +300,18 @@ impl ActivePlugin {
             Prepared::V0_2(pre) => pre.instantiate(&mut store).map(Bound::V0_2),
             Prepared::V0_1(pre) => pre.instantiate(&mut store).map(Bound::V0_1),
         };
+        // Each instance answers `describe` once before it serves: a fresh
+        // instance's first call faults in its memory and runs a guest's lazy
+        // setup (a Python or JavaScript instance's first call took 1.0-1.6
+        // ms here, its later ones 25-250 µs), which a worker's 2 ms budget
+        // should not have to carry, nor the judge of a cut call measure.
+        let made = made.and_then(|plugin| {
+            match &plugin {
+                Bound::V0_2(p) => p.herald_plugin_guest().call_describe(&mut store).map(drop),
+                Bound::V0_1(p) => p.herald_plugin_guest().call_describe(&mut store).map(drop),
+            }?;
+            Ok(plugin)
+        });
         match made {
             Ok(plugin) => Ok(Loaded {
                 store,
@@ -319,7 +365,15 @@ impl ActivePlugin {
         // that survived a refused growth must not make a later trap look
         // like a memory failure.
         state.limiter.hit = false;
+        // Off the workers, the CPU time the guest took is kept: what judges
+        // a call cut at the budget, and brings a slow version back (a
+        // syscall each way, beside a thread hop of ~30 µs).
+        let cpu = (!inline).then(thread_cpu);
         let result = f(&mut inst.store, &inst.plugin);
+        if let Some(before) = cpu {
+            let took = thread_cpu().saturating_sub(before);
+            CALLS_TOOK.set(Some(CALLS_TOOK.get().unwrap_or_default() + took));
+        }
         if KEEP_OUTPUT.get() {
             let text = inst.store.data().output.text();
             LAST_OUTPUT.with_borrow_mut(|o| {
@@ -393,122 +447,6 @@ impl ActivePlugin {
         Ok(r.map_err(cut_denial))
     }
 
-    /// Runs plugin work `f` for async code. Fast path: right here, on the
-    /// runtime worker, under the inline budget ([`INLINE_BUDGET`]) instead
-    /// of the deadline. A call still running then is cut (its instance
-    /// dropped; hooks are pure, and a batch cut here published nothing) and
-    /// runs again on the tenant's plugin threads with its whole deadline;
-    /// the version's later calls go there directly until they have been
-    /// fast again for a while. A call that panics the host (none should:
-    /// `plugin::wasi` keeps every WASI call off the runtime) is caught and
-    /// its version runs off the workers for good. So no plugin holds a
-    /// worker for longer than the budget, whatever its deadline.
-    pub async fn run<R: Send + 'static>(
-        self: &Arc<Self>,
-        patience: Patience,
-        f: impl Fn(&ActivePlugin) -> Result<R, PluginError> + Send + 'static,
-    ) -> Result<R, PluginError> {
-        if self.mode.load(Ordering::Relaxed) == INLINE {
-            let was = INLINE_CALL.replace(true);
-            let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(self)));
-            INLINE_CALL.set(was);
-            match r {
-                Ok(Err(PluginError::OverBudget)) => self.demote(SLOW, "over_budget"),
-                // No pooled instance: this call makes one on a plugin thread.
-                Ok(Err(PluginError::Cold)) => {}
-                Ok(r) => return r,
-                Err(_) => self.demote(BLOCKING, "host_panic"),
-            }
-        }
-        self.offload(patience, f).await
-    }
-
-    /// Runs `f` on one of the tenant's plugin threads (a blocking thread
-    /// holding one of its `threads` permits), waiting for one per
-    /// `patience`.
-    pub async fn offload<R: Send + 'static>(
-        self: &Arc<Self>,
-        patience: Patience,
-        f: impl FnOnce(&ActivePlugin) -> Result<R, PluginError> + Send + 'static,
-    ) -> Result<R, PluginError> {
-        let permit = match self.threads.clone().try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => {
-                let ahead = self.waiting.fetch_add(1, Ordering::AcqRel);
-                let _waiting = Waiting(&self.waiting);
-                if patience == Patience::Bounded && ahead >= self.limits.queue {
-                    if self.busy_logged.due(1000) {
-                        tracing::warn!(tenant = %self.tenant, version = self.version, threads = self.limits.threads, queue = self.limits.queue, "plugin threads and queue full: refusing calls with plugin_busy (logged once a second)");
-                    }
-                    return Err(PluginError::Busy(ahead));
-                }
-                self.threads
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| PluginError::Busy(ahead))?
-            }
-        };
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            let started = Instant::now();
-            let r = f(&this);
-            this.settle(started.elapsed(), r.is_ok());
-            r
-        })
-        .await
-        .unwrap_or_else(|e| {
-            Err(PluginError::Trap(
-                format!("plugin thread failed: {e}"),
-                Default::default(),
-            ))
-        })
-    }
-
-    /// A version moved off the workers for being slow comes back once its
-    /// calls have been fast for [`FAST_STREAK`] calls in a row.
-    fn settle(&self, took: Duration, ok: bool) {
-        if self.mode.load(Ordering::Relaxed) != SLOW {
-            return;
-        }
-        if !ok || took >= INLINE_BUDGET {
-            self.fast_streak.store(0, Ordering::Relaxed);
-            return;
-        }
-        if took >= INLINE_BUDGET / 4 {
-            let _ = self
-                .fast_streak
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                    Some(n.saturating_sub(MIDDLING_COST))
-                });
-            return;
-        }
-        if self.fast_streak.fetch_add(1, Ordering::Relaxed) + 1 >= FAST_STREAK
-            && self
-                .mode
-                .compare_exchange(SLOW, INLINE, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.fast_streak.store(0, Ordering::Relaxed);
-            moved(&self.tenant, "inline", "fast_again");
-            tracing::info!(tenant = %self.tenant, version = self.version, "plugin calls are fast again; they run inline");
-        }
-    }
-
-    /// Moves the version's calls to lane `to`; `why` is the metric's label
-    /// (`over_budget`, `slow_start`: making an instance ran past the deadline,
-    /// `host_panic`).
-    fn demote(&self, to: u8, why: &'static str) {
-        let from = self.mode.fetch_max(to, Ordering::Relaxed);
-        if from < to {
-            if from == INLINE {
-                moved(&self.tenant, "plugin_threads", why);
-            }
-            tracing::warn!(tenant = %self.tenant, version = self.version, why, "plugin calls move to the tenant's plugin threads");
-        }
-    }
-
     pub async fn authorize_connect_async(
         self: Arc<Self>,
         req: ConnectRequest,
@@ -551,6 +489,12 @@ impl ActivePlugin {
 
 /// The inline budget in epoch ticks (a deadline of n ticks fires between
 /// n - 1 and n ticks from now).
+/// The runtime's worker threads (one per core), each of which may be in one
+/// inline call at a time.
+fn runtime_workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
 fn inline_ticks() -> u64 {
     (INLINE_BUDGET.as_millis() as u64 / EPOCH_TICK.as_millis() as u64).max(1) + 1
 }

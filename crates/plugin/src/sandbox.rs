@@ -143,6 +143,23 @@ impl Runtime {
         })
     }
 
+    /// The compiled component with this sha256 (hex), from memory or from
+    /// the artifact directory, without its bytes: a load of a version this
+    /// node compiled before (its upload, an earlier activation) neither
+    /// reads nor hashes the component again. `None`: compile it from its
+    /// bytes ([`Runtime::compile`]). CPU and disk work: a blocking thread.
+    pub fn compiled(&self, sha256: &str) -> Option<Component> {
+        let digest = herald_base::secret::digest_from_hex(sha256)?;
+        let cell = self.cache.lock().get(&digest).cloned();
+        if let Some(Ok(c)) = cell.as_ref().and_then(|c| c.get()) {
+            return Some(c.clone());
+        }
+        let c = self.artifacts.as_ref()?.load(&self.engine, &digest)?;
+        metrics::counter!("herald_plugin_compiles_total", "from" => "disk").increment(1);
+        let cell = self.cache.lock().entry(digest).or_default().clone();
+        Some(cell.get_or_init(|| Ok(c)).as_ref().ok()?.clone())
+    }
+
     /// Forgets compiled components whose sha256 (hex) is not in `keep`;
     /// one being compiled stays. Returns how many are left.
     pub fn retain(&self, keep: &std::collections::HashSet<String>) -> usize {

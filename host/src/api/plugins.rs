@@ -191,8 +191,10 @@ async fn store_upload(app: &Arc<Api>, id: &str, body: Bytes) -> Result<Value, Ap
     };
     let version = app.registry.add_plugin(&rec, &body).await?;
     let (contract, encoding) = (checked.info.contract, checked.info.encoding);
-    // Compiled and on disk: it need not stay in memory until activated.
+    // Compiled and on disk; it stays compiled in memory as the tenant's
+    // newest upload (its activation usually follows), older ones not.
     drop(checked);
+    tenant.plugin_uploaded(sha256.clone());
     app.evict_compiled();
     tracing::info!(tenant = %id, version, %sha256, name = %rec.name, "plugin version uploaded");
     Ok(json!({
@@ -270,12 +272,18 @@ pub(super) async fn activate(
     // Loaded first: a version that does not load here is refused unrecorded.
     let loaded = app.load_plugin(&tenant, version).await?;
     let info = loaded.info.clone();
-    drop(loaded);
     // Then recorded and applied as every change is (`reconcile`, under the
     // tenant's turn): it runs with the config the tenant has then, even when
-    // a change landed while it was checked.
-    app.registry.set_active_plugin(&id, Some(version)).await?;
-    let (_, tenant) = crate::reconcile::tenant(&app, &id).await?;
+    // a change landed while it was checked. The checked load is what it
+    // applies unless such a change landed (`PluginHost::load`).
+    app.plugins.stage(&id, loaded);
+    let recorded = app.registry.set_active_plugin(&id, Some(version)).await;
+    let applied = match recorded {
+        Ok(()) => crate::reconcile::tenant(&app, &id).await,
+        Err(e) => Err(e),
+    };
+    app.plugins.unstage(&id);
+    let (_, tenant) = applied?;
     if tenant.and_then(|t| t.plugin()).map(|p| p.version) != Some(version) {
         return Err(ApiError::Unprocessable(format!(
             "version {version} is recorded as active but did not load with the tenant's current config; the tenant refuses connections and publishes until it does (see the log)"

@@ -375,6 +375,19 @@ impl Registry {
             .collect()
     }
 
+    /// The sha256 (hex) of one version's component.
+    pub async fn plugin_sha256(&self, tenant: &str, version: i64) -> Result<String, RegistryError> {
+        let row = sqlx::query("SELECT sha256 FROM plugins WHERE tenant_id = $1 AND version = $2")
+            .bind(tenant)
+            .bind(version)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| {
+                RegistryError::NotFound(format!("plugin version {version} of tenant {tenant:?}"))
+            })?;
+        Ok(row.try_get("sha256")?)
+    }
+
     /// The component bytes of one version.
     pub async fn plugin_component(
         &self,

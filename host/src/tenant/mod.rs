@@ -188,9 +188,15 @@ impl Tenant {
         old
     }
 
-    /// The sha256s of the components this tenant runs or may roll back to.
+    /// The sha256s of the components this tenant runs, may roll back to,
+    /// or uploaded last (kept compiled: `PluginHost::evict_compiled`).
     pub fn plugin_shas(&self) -> impl Iterator<Item = String> {
         self.plugin.shas()
+    }
+
+    /// Records the tenant's newest upload, kept compiled until a newer one.
+    pub fn plugin_uploaded(&self, sha256: String) {
+        self.plugin.uploaded(sha256);
     }
 
     /// Marks a background load of the wanted version as running or done.

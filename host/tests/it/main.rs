@@ -32,6 +32,7 @@ mod plugins;
 mod plugins_hostile;
 mod plugins_lanes;
 mod plugins_output;
+mod plugins_swap;
 mod positions;
 mod probing;
 mod protections;

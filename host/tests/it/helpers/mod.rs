@@ -390,6 +390,24 @@ pub fn plugin_wasm(name: &str) -> Vec<u8> {
         .unwrap_or_else(|e| panic!("{}: {e}; run plugins/build.sh first", path.display()))
 }
 
+/// The example plugin's component in `lang` (plugins/example/SPEC.md), as
+/// plugins/example/<lang>/build.sh wrote it (Rust: the plugins workspace's
+/// build).
+pub fn example_component(lang: &str) -> Vec<u8> {
+    if lang == "rust" {
+        return plugin_wasm("herald_example_rust");
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../plugins/target/example")
+        .join(format!("{lang}.wasm"));
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run plugins/example/build.sh first",
+            path.display()
+        )
+    })
+}
+
 pub struct Ws {
     pub s: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>,
 }
