@@ -155,6 +155,12 @@ fn connect_rate_and_storm() {
 }
 
 #[test]
+fn hot_swap_under_load() {
+    let p = plugins().join("herald_example_rust.wasm");
+    smoke(&["swap", "--plugin", p.to_str().unwrap()]);
+}
+
+#[test]
 fn plugin_costs() {
     let p = plugins();
     // `--also` measures another transform component beside ticker-conflate
