@@ -90,6 +90,8 @@ struct Figures {
     /// (microseconds since the epoch).
     swaps_us: Vec<u64>,
     resubscribed_us: Vec<u64>,
+    /// The server's counts of plugin failures and lane moves at the end.
+    server_says: Vec<String>,
 }
 
 impl Figures {
@@ -161,6 +163,9 @@ pub async fn run(a: SwapArgs) -> anyhow::Result<()> {
             f.skipped,
             f.gaps
         );
+        for l in &f.server_says {
+            println!("  server: {l}");
+        }
         let summary = |h: &Histogram| serde_json::json!({"p50": ms(h.percentile(50.0)), "p99": ms(h.percentile(99.0)), "max": ms(Some(h.max()))});
         lines.push(serde_json::json!({
             "plugin": name,
@@ -301,6 +306,18 @@ async fn one(
         }
     }
     target.check_alive()?;
+    // Why a client was refused, in the server's words.
+    let metrics = crate::http::HttpConn::new(target.addr)
+        .request("GET", "/metrics", None, b"")
+        .await?;
+    figures.borrow_mut().server_says = String::from_utf8_lossy(&metrics.body)
+        .lines()
+        .filter(|l| {
+            l.starts_with("herald_plugin_call_moves_total")
+                || l.starts_with("herald_plugin_failures_total")
+        })
+        .map(str::to_string)
+        .collect();
     let f = std::mem::take(&mut *figures.borrow_mut());
     Ok(f)
 }
