@@ -21,9 +21,9 @@ impl ActivePlugin {
     /// machine overruns as a slow plugin does. So the call run again is
     /// the judge: if its guest call takes the budget or more of CPU time
     /// there, the version's later calls go there directly until they have
-    /// been fast again for a while
-    /// (every instance has answered `describe` before it serves, so a
-    /// first call's faults are not what is judged). A call that panics the host (none should:
+    /// been fast again for a while (every instance has answered `describe`
+    /// before it serves, so a first call's faults are not what is judged).
+    /// A call that panics the host (none should:
     /// `plugin::wasi` keeps every WASI call off the runtime) is caught and
     /// its version runs off the workers for good. So no plugin holds a
     /// worker for longer than the budget, whatever its deadline.
@@ -44,8 +44,7 @@ impl ActivePlugin {
                     }
                     return r;
                 }
-                // No pooled instance, or a fresh one's first call was cut:
-                // this call runs on a plugin thread.
+                // No pooled instance: this call makes one on a plugin thread.
                 Ok(Err(PluginError::Cold)) => {}
                 Ok(r) => return r,
                 Err(_) => self.demote(BLOCKING, "host_panic"),
