@@ -110,7 +110,9 @@ impl PluginHost {
                     runtime.compile(&bytes)?
                 }
             };
-            ActivePlugin::load(&runtime, &component, activation)
+            let loaded = ActivePlugin::load(&runtime, &component, activation)?;
+            loaded.premake()?;
+            Ok(loaded)
         })
         .await
     }

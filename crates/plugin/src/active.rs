@@ -230,7 +230,6 @@ impl ActivePlugin {
         active.info.version = version;
         active.info.hooks = hooks;
         active.info.encoding = encoding;
-        active.premake()?;
         Ok(Arc::new(active))
     }
 
@@ -239,7 +238,9 @@ impl ActivePlugin {
     /// connects, subscribes and publishes on every worker find one pooled,
     /// instead of each going to the plugin threads to make one (a Python
     /// instance takes milliseconds) while the rest wait or are refused.
-    fn premake(&self) -> Result<(), PluginError> {
+    /// Called by the load that is to serve (not by an upload's check, whose
+    /// instances would be dropped at once).
+    pub fn premake(&self) -> Result<(), PluginError> {
         let want = runtime_workers().min(POOL_MAX);
         while self.pool.lock().len() < want {
             let made = self.instantiate()?;
