@@ -223,6 +223,7 @@ pub async fn run(
     watchers.spawn(sweep_channels(app.clone()));
     watchers.spawn(flush_conflation(app.clone()));
     watchers.spawn(release_lagging(app.clone()));
+    watchers.spawn(beat_sessions(app.clone(), config.heartbeat));
 
     let api = Arc::new(api::Api {
         node: app.clone(),
@@ -406,23 +407,49 @@ async fn watch_memory(app: Arc<Node>) {
 }
 
 /// Runs `each` on every tenant every `period` until shutdown (a late tick
-/// is taken late, not doubled up).
-async fn every_tenant(app: Arc<Node>, period: Duration, mut each: impl FnMut(&tenant::Tenant)) {
+/// is taken late, not doubled up), with the tick's number.
+async fn every_tenant(
+    app: Arc<Node>,
+    period: Duration,
+    mut each: impl FnMut(&tenant::Tenant, u64),
+) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
+    for n in 0.. {
         tokio::select! {
             _ = app.shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
         for t in app.tenants.all() {
-            each(&t);
+            each(&t, n);
         }
     }
 }
 
+/// A heartbeat is beaten in this many parts, evenly spread over it.
+const HEARTBEAT_PARTS: u64 = 16;
+
+/// The heartbeat of every session on the node: once per `heartbeat`, each
+/// WebSocket client is pinged, or closed with 4002 if it sent nothing for
+/// two heartbeats, and each SSE stream gets a comment
+/// (`SessionHandle::beat`). One timer for all sessions instead of one
+/// each: a waiting session is its state alone. A session registered just
+/// after its part's turn waits up to a heartbeat for its first beat, so a
+/// silent client is closed between two and three heartbeats after it last
+/// sent something.
+async fn beat_sessions(app: Arc<Node>, heartbeat: Duration) {
+    let silent_ms = (heartbeat * 2).as_millis() as u64;
+    let period = (heartbeat / HEARTBEAT_PARTS as u32).max(Duration::from_millis(1));
+    every_tenant(app, period, move |t, n| {
+        let part = (n % HEARTBEAT_PARTS) as usize;
+        t.sessions
+            .beat(part, HEARTBEAT_PARTS as usize, clock::mono_ms(), silent_ms);
+    })
+    .await
+}
+
 async fn sweep_channels(app: Arc<Node>) {
-    every_tenant(app, Duration::from_secs(10), |t| {
+    every_tenant(app, Duration::from_secs(10), |t, _| {
         t.hub.sweep(t.settings().limits.history(), now_ms() as u64);
     })
     .await
@@ -432,7 +459,7 @@ async fn sweep_channels(app: Arc<Node>) {
 /// once, every `LAG_PACE`: such a reader gets what queued meanwhile in one
 /// write (`session/writer.rs`, `Hold`).
 async fn release_lagging(app: Arc<Node>) {
-    every_tenant(app, server::session::LAG_PACE, |t| {
+    every_tenant(app, server::session::LAG_PACE, |t, _| {
         t.sessions.release_held();
     })
     .await
@@ -444,7 +471,7 @@ async fn flush_conflation(app: Arc<Node>) {
     // Never waits for a tenant's window: a batch holding it (a slow merge
     // on that tenant's plugin threads) delays that tenant's flush by a
     // tick, nobody else's.
-    every_tenant(app, Duration::from_millis(5), |t| {
+    every_tenant(app, Duration::from_millis(5), |t, _| {
         let window = t.settings().conflation.window_ms;
         if window == 0 && t.conflator.try_lock().is_some_and(|c| c.is_empty()) {
             return;

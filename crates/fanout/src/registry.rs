@@ -42,6 +42,24 @@ impl SessionRegistry {
         held.len()
     }
 
+    /// One part of the node's heartbeat: [`SessionHandle::beat`] for each
+    /// live session whose key is `part` modulo `parts`. Beating a heartbeat's
+    /// sessions in parts spreads its pings over the heartbeat instead of
+    /// queueing them all in one instant. Returns how many were beaten.
+    pub fn beat(&self, part: usize, parts: usize, now_ms: u64, silent_ms: u64) -> usize {
+        let handles: Vec<Arc<SessionHandle>> = {
+            let g = self.inner.lock();
+            g.0.iter()
+                .filter(|(key, _)| key % parts == part)
+                .filter_map(|(_, w)| w.upgrade())
+                .collect()
+        };
+        for h in &handles {
+            h.beat(now_ms, silent_ms);
+        }
+        handles.len()
+    }
+
     pub fn deregister(&self, key: usize) {
         self.inner.lock().0.try_remove(key);
     }
@@ -98,5 +116,35 @@ impl SessionRegistry {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::{SlowConsumer, Wire};
+
+    /// A heartbeat in parts beats every live session exactly once.
+    #[test]
+    fn a_heartbeat_in_parts_beats_each_session_once() {
+        let r = SessionRegistry::default();
+        let handles: Vec<_> = (0..37)
+            .map(|_| SessionHandle::new(Wire::Sse, 1 << 16, SlowConsumer::DropOldest, None))
+            .collect();
+        for h in &handles {
+            r.register(h);
+        }
+        let gone = r.register(&SessionHandle::new(
+            Wire::Sse,
+            64,
+            SlowConsumer::DropOldest,
+            None,
+        ));
+        let beaten: usize = (0..8).map(|part| r.beat(part, 8, 0, 1)).sum();
+        assert_eq!(beaten, 37, "the dropped session is not beaten");
+        for h in &handles {
+            assert_eq!(h.take_queued().len(), 1, "one comment each");
+        }
+        r.deregister(gone);
     }
 }

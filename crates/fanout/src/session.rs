@@ -1,5 +1,5 @@
-//! The shared half of a session: its bounded outbound queue and the signal
-//! that wakes its writer.
+//! The shared half of a session: its bounded outbound queue, the signal
+//! that wakes its writer, and its heartbeat (pings, the silence rule).
 //!
 //! Owns: what channels and the session's own reader push, and the decision
 //! (through [`OutQueue`]) of what a full queue does. Invariants: a push never
@@ -16,8 +16,9 @@ use bytes::Bytes;
 use herald_proto::{sse, ws};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tokio::sync::Notify;
+use std::task::{Context, Poll, Waker};
 
 /// Why the host is closing a session from the queue side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +40,9 @@ pub enum QueueClose {
     Reauthorize,
     /// An operator disconnected it (`POST …/disconnect`) with this close code.
     Disconnected(u16),
+    /// A WebSocket client sent nothing, not even a pong, for two heartbeats
+    /// (close 4002; see [`SessionHandle::beat`]).
+    Silent,
 }
 
 impl QueueClose {
@@ -69,7 +73,29 @@ struct State {
     channels: Vec<Arc<str>>,
     /// The writer waits for its socket with a backlog (see [`SessionHandle::park`]).
     parked: bool,
+    /// A wake-up its writer has not taken yet ([`SessionHandle::poll_woken`]).
+    woken: bool,
+    /// The writer's task, while it waits; taken by the wake-up.
+    waker: Option<Waker>,
 }
+
+impl State {
+    /// Records a wake-up; the waker to wake once the lock is let go.
+    fn wake(&mut self) -> Option<Waker> {
+        self.woken = true;
+        self.waker.take()
+    }
+}
+
+/// Wakes the writer outside the handle's lock.
+fn wake(w: Option<Waker>) {
+    if let Some(w) = w {
+        w.wake();
+    }
+}
+
+/// The frame that pings a WebSocket client (it answers with a pong).
+const PING: &[u8] = &[0x89, 0x00];
 
 /// Who a session is, for the operator (`GET …/connections`, `POST …/disconnect`).
 #[derive(Debug, Clone)]
@@ -111,7 +137,11 @@ pub struct SessionHandle {
     /// Set by the tenant's plugin at connect; selects message variants.
     audience: Option<Arc<str>>,
     state: Mutex<State>,
-    wake: Notify,
+    /// When its client last sent a byte, in [`mono_ms`] (the session's
+    /// reader records it; the heartbeat reads it).
+    ///
+    /// [`mono_ms`]: herald_base::clock::mono_ms
+    heard_ms: AtomicU64,
 }
 
 impl SessionHandle {
@@ -144,7 +174,7 @@ impl SessionHandle {
             policy,
             audience,
             state: Mutex::default(),
-            wake: Notify::new(),
+            heard_ms: AtomicU64::new(herald_base::clock::mono_ms()),
         })
     }
 
@@ -222,11 +252,11 @@ impl SessionHandle {
                 Delivery::Disconnected
             }
         };
-        let wake = !st.parked || d == Delivery::Disconnected;
+        let waker = (!st.parked || d == Delivery::Disconnected)
+            .then(|| st.wake())
+            .flatten();
         drop(st);
-        if wake {
-            self.wake.notify_one();
-        }
+        wake(waker);
         d
     }
 
@@ -240,8 +270,11 @@ impl SessionHandle {
 
     /// Unparks and wakes the writer (its hold on a lagging reader is over).
     pub fn release(&self) {
-        self.state.lock().parked = false;
-        self.wake.notify_one();
+        let mut st = self.state.lock();
+        st.parked = false;
+        let waker = st.wake();
+        drop(st);
+        wake(waker);
     }
 
     pub fn deliver_msg(&self, m: &Arc<Published>) -> Delivery {
@@ -277,9 +310,10 @@ impl SessionHandle {
         match st.closed {
             Some(QueueClose::GoingAway) if !st.queue.is_empty() => {
                 let items = st.queue.take(self.wire);
-                drop(st);
                 // Come back for the close once these are written.
-                self.wake.notify_one();
+                let waker = st.wake();
+                drop(st);
+                wake(waker);
                 Ok(items)
             }
             Some(reason) => Err(reason),
@@ -306,22 +340,64 @@ impl SessionHandle {
     /// its task, which sends the matching close code (after what is queued,
     /// when the server is going away).
     pub fn close_with(&self, reason: QueueClose) {
-        {
-            let mut st = self.state.lock();
-            if st.closed.is_some() {
-                return;
-            }
-            st.closed = Some(reason);
-            if reason != QueueClose::GoingAway {
-                st.queue.take(self.wire);
-            }
+        let mut st = self.state.lock();
+        if st.closed.is_some() {
+            return;
         }
-        self.wake.notify_one();
+        st.closed = Some(reason);
+        if reason != QueueClose::GoingAway {
+            st.queue.take(self.wire);
+        }
+        let waker = st.wake();
+        drop(st);
+        wake(waker);
     }
 
-    /// Resolves once something was queued since the last call.
+    /// Ready once the queue changed (or the session was closed) since the
+    /// last time it was ready; otherwise the task in `cx` is woken then.
+    /// One waiting task at a time: the session's own.
+    pub fn poll_woken(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut st = self.state.lock();
+        if std::mem::take(&mut st.woken) {
+            return Poll::Ready(());
+        }
+        match &mut st.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            w => *w = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    /// Resolves once something was queued since the last wake-up.
     pub async fn woken(&self) {
-        self.wake.notified().await
+        std::future::poll_fn(|cx| self.poll_woken(cx)).await
+    }
+
+    /// The client sent something: it is alive.
+    pub fn heard(&self, now_ms: u64) {
+        self.heard_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// One heartbeat of this session (the node beats every session once
+    /// per heartbeat; see `SessionRegistry::beat`): a WebSocket client
+    /// that sent nothing for `silent_ms` is closed ([`QueueClose::Silent`]),
+    /// any other is sent a ping (WebSocket: a client that answers pings is
+    /// never silent) or a comment (SSE: keeps proxies from timing out).
+    /// The session holds no timer of its own: an idle one is its state only.
+    pub fn beat(&self, now_ms: u64, silent_ms: u64) {
+        match self.wire {
+            Wire::Ws => {
+                let heard = self.heard_ms.load(Ordering::Relaxed);
+                if now_ms.saturating_sub(heard) >= silent_ms {
+                    self.close_with(QueueClose::Silent);
+                } else {
+                    self.deliver_raw(Bytes::from_static(PING));
+                }
+            }
+            Wire::Sse => {
+                self.deliver_raw(Bytes::from_static(sse::HEARTBEAT));
+            }
+        }
     }
 }
 
@@ -366,5 +442,39 @@ mod tests {
         assert!(!woke(&d).await);
         assert_eq!(d.deliver_msg(&m(2)), Delivery::Disconnected);
         assert!(woke(&d).await);
+    }
+
+    /// The heartbeat without a timer per session: a WebSocket client heard
+    /// within the silence bound is pinged, one silent past it is closed
+    /// (woken, even parked behind a backlog: a client that neither reads
+    /// nor sends is not held for good); an SSE stream gets a comment.
+    #[tokio::test]
+    async fn a_beat_pings_the_heard_and_closes_the_silent() {
+        let h = SessionHandle::new(Wire::Ws, 1 << 16, SlowConsumer::DropOldest, None);
+        h.heard(1_000);
+        h.beat(1_000 + 599, 600);
+        assert!(woke(&h).await);
+        let items = h.take_queued();
+        assert!(matches!(&items.front(), Some(Item::Ctrl(b)) if &b[..] == PING));
+        assert_eq!(h.close_reason(), None);
+
+        h.park(true);
+        h.beat(1_000 + 600, 600);
+        assert_eq!(h.close_reason(), Some(QueueClose::Silent));
+        assert!(
+            woke(&h).await,
+            "a silent session is woken to close, parked or not"
+        );
+
+        let s = SessionHandle::new(Wire::Sse, 1 << 16, SlowConsumer::DropOldest, None);
+        s.beat(u64::MAX, 0);
+        assert_eq!(
+            s.close_reason(),
+            None,
+            "SSE clients send nothing: never silent"
+        );
+        assert!(
+            matches!(&s.take_queued().front(), Some(Item::Ctrl(b)) if &b[..] == sse::HEARTBEAT)
+        );
     }
 }

@@ -13,6 +13,7 @@
 //! releases its slot.
 
 mod sse;
+mod task;
 mod writer;
 mod ws;
 
@@ -80,6 +81,10 @@ fn queue_end(reason: QueueClose, policy: &str) -> End {
             "what admitted this session changed: reconnect to be authorized again".into(),
         ),
         QueueClose::Disconnected(code) => End::Close(code, "disconnected by the operator".into()),
+        QueueClose::Silent => End::Close(
+            close::HEARTBEAT_TIMEOUT,
+            "no frame from client within the heartbeat timeout".into(),
+        ),
     }
 }
 
@@ -173,6 +178,8 @@ mod tests {
     /// The state a session task keeps for its whole life. Idle memory per
     /// connection is this plus the socket registration and the shared handle,
     /// so it is guarded here; the benchmark measures the whole process.
+    /// The size is the task's (`Task<WsSession>`, `Task<SseSession>`): it is
+    /// the same in debug and release builds, having no `async fn` inside.
     #[tokio::test]
     async fn session_futures_stay_small() {
         let app = crate::server::Server::for_tests().await;
@@ -227,7 +234,12 @@ mod tests {
             Option<std::sync::Weak<crate::fanout::session::SessionHandle>>,
         >() + 8;
         eprintln!("per connection besides the future: handle {handle} B, registry slot {slot} B");
-        assert!(ws <= 1280, "websocket session future is {ws} bytes");
-        assert!(sse <= 1280, "sse session future is {sse} bytes");
+        // tokio's task cell is aligned to 128 bytes: its header (32), the
+        // scheduler and id (16), the task tracker's token (8) and its trailer
+        // (48) around the future. Up to 400 bytes the whole task takes 512
+        // (it took 1,408 when a session was an `async fn` with a timer and
+        // two wait futures: 1,280 bytes).
+        assert!(ws <= 400, "websocket session future is {ws} bytes");
+        assert!(sse <= 400, "sse session future is {sse} bytes");
     }
 }

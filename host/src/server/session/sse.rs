@@ -1,12 +1,14 @@
 //! An SSE session: a one-way stream of events whose `id:` carries every
-//! channel's position, a comment every heartbeat, input read and dropped.
+//! channel's position, a comment every heartbeat (queued by the node's
+//! heartbeat through its handle), input read and dropped.
 //!
 //! Invariant: the `id:` of each message lists, for every channel in request
 //! order, the last position of that channel written to the stream (or, before
 //! its first, what the client resumed from), so `Last-Event-ID` resumes them
 //! all, however the stream was cut.
 
-use super::writer::{finish, flush, interest, load_and_flush, Framing, Unwritten};
+use super::task::{Serve, Task, Turn};
+use super::writer::{flush, load_and_flush, poll_wake, Framing, Unwritten, Wake};
 use super::{queue_end, End, READ_BUDGET};
 use crate::clock::now_ms;
 use crate::fanout::queue::Wire;
@@ -15,9 +17,12 @@ use crate::fanout::Published;
 use crate::proto::{self, sse, ws::close};
 use crate::server::Admitted;
 use crate::server::Server;
+use crate::tenant::Tenant;
 use bytes::{Bytes, BytesMut};
+use std::future::Future;
 use std::io;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use tokio::net::TcpStream;
 
 /// An SSE session's channels (in request order) and the positions it sent.
@@ -51,7 +56,14 @@ pub struct SseRequest {
 }
 
 /// Runs an SSE stream until it ends. The response head was already written.
-pub async fn run_sse(app: Arc<Server>, stream: TcpStream, req: SseRequest, admitted: Admitted) {
+/// The stream's state is made here, before its task: what the request and
+/// the handshake handed over is not kept in it.
+pub fn run_sse(
+    app: Arc<Server>,
+    stream: TcpStream,
+    req: SseRequest,
+    admitted: Admitted,
+) -> impl Future<Output = ()> + Send {
     let Admitted {
         slot,
         session,
@@ -104,102 +116,141 @@ pub async fn run_sse(app: Arc<Server>, stream: TcpStream, req: SseRequest, admit
         state.channels.push(ch.as_str().into());
         handle.add_channel(ch);
     }
+    // What the request held is not kept for the stream's life.
+    drop(req);
     tenant
         .metrics
         .subscriptions
         .increment(state.channels.len() as f64);
-    let mut out = Unwritten::default();
+    let out = Unwritten::default();
     // Shutdown, deletion and access changes close the session through its
     // handle: no waiter of its own, no lock per frame.
     let registration = tenant.sessions.register(&handle);
     if let Some(status) = crate::source::status_for_new_session(&app.sources, &tenant) {
         handle.deliver_ctrl("status", &status);
     }
-    let heartbeat = app.settings.heartbeat;
-    let hb = tokio::time::sleep(heartbeat);
-    tokio::pin!(hb);
-    let mut end = None;
-    let mut parked = false;
-    while end.is_none() {
-        tokio::select! {
-            biased;
-            r = stream.ready(interest(&out)) => {
-                end = match r {
-                    Ok(ready) if ready.is_writable() && !out.is_empty() => flush(&stream, &mut out, &tenant)
-                        .and_then(|()| if out.is_empty() { load_and_flush(&stream, &handle, &mut out, &tenant, Framing::Sse(&mut state)) } else { Ok(()) })
-                        .err(),
-                    Ok(_) => None,
-                    Err(_) => Some(End::Io),
-                };
-                if end.is_none() && r.is_ok_and(|ready| ready.is_readable()) {
-                    end = discard_input(&stream).err();
-                }
-            }
-            // Also while the socket is full: a close from outside must not wait for it.
-            _ = handle.woken() => {
-                if out.end_hold() {
-                    // The pacer unparked the handle (or a close woke it early).
-                    handle.park(false);
-                    parked = false;
-                }
-                if let Some(reason) = handle.close_reason().filter(|r| !r.after_backlog()) {
-                    end = Some(queue_end(reason, handle.policy().as_str()));
-                } else if out.is_empty() {
-                    end = load_and_flush(&stream, &handle, &mut out, &tenant, Framing::Sse(&mut state)).err();
-                }
-            }
-            _ = &mut hb => {
-                handle.deliver_raw(Bytes::from_static(sse::HEARTBEAT));
-                hb.as_mut().reset(tokio::time::Instant::now() + heartbeat);
+    let session = SseSession {
+        tenant,
+        handle,
+        state,
+        out,
+        registration,
+        parked: false,
+    };
+    Task::new(session, stream, slot)
+}
+
+/// Everything an SSE stream keeps besides its socket and slot.
+struct SseSession {
+    tenant: Arc<Tenant>,
+    handle: Arc<SessionHandle>,
+    state: SseState,
+    out: Unwritten,
+    /// Its key in the tenant's session registry.
+    registration: usize,
+    /// Told the handle it is parked (a backlog waits for the socket).
+    parked: bool,
+}
+
+impl SseSession {
+    /// Takes what is queued and writes it, each message with its id line.
+    fn take_and_send(&mut self, stream: &TcpStream) -> Result<(), End> {
+        let framing = Framing::Sse(&mut self.state);
+        load_and_flush(stream, &self.handle, &mut self.out, &self.tenant, framing)
+    }
+
+    /// The socket can take the backlog, or has input to drop.
+    fn on_ready(&mut self, stream: &TcpStream, ready: tokio::io::Ready) -> Result<(), End> {
+        if ready.is_writable() && !self.out.is_empty() {
+            flush(stream, &mut self.out, &self.tenant)?;
+            if self.out.is_empty() {
+                self.take_and_send(stream)?;
             }
         }
-        // A backlog waits for the socket, or the writer holds off for a
-        // lagging reader: parked, pushes need not wake the stream.
-        // Unparked, what was pushed meanwhile woke nobody: take it.
-        while end.is_none() && out.parks() != parked {
-            parked = out.parks();
-            handle.park(parked);
-            if parked {
+        if ready.is_readable() {
+            discard_input(stream)?;
+        }
+        Ok(())
+    }
+
+    /// The queue changed: send it (unless a backlog waits for the socket),
+    /// or end if it was closed. Also while the socket is full: a close from
+    /// outside must not wait for it.
+    fn on_woken(&mut self, stream: &TcpStream) -> Result<(), End> {
+        if self.out.end_hold() {
+            // The pacer unparked the handle (or a close woke it early).
+            self.handle.park(false);
+            self.parked = false;
+        }
+        if let Some(reason) = self.handle.close_reason().filter(|r| !r.after_backlog()) {
+            return Err(queue_end(reason, self.handle.policy().as_str()));
+        }
+        if self.out.is_empty() {
+            self.take_and_send(stream)?;
+        }
+        Ok(())
+    }
+
+    /// A backlog waits for the socket, or the writer holds off for a
+    /// lagging reader: parked, pushes need not wake the stream. Unparked,
+    /// what was pushed meanwhile woke nobody: take it.
+    fn repark(&mut self, stream: &TcpStream) -> Result<(), End> {
+        while self.out.parks() != self.parked {
+            self.parked = self.out.parks();
+            self.handle.park(self.parked);
+            if self.parked {
                 break;
             }
-            end = load_and_flush(
-                &stream,
-                &handle,
-                &mut out,
-                &tenant,
-                Framing::Sse(&mut state),
-            )
-            .err();
+            self.take_and_send(stream)?;
         }
-        if end.is_none() && out.take_new_hold() {
-            tenant.metrics.lagging.increment(1);
-            tenant.sessions.hold(&handle);
+        if self.out.take_new_hold() {
+            self.tenant.metrics.lagging.increment(1);
+            self.tenant.sessions.hold(&self.handle);
         }
+        Ok(())
     }
-    let end = end.expect("loop exits only with an end");
-    for ch in &state.channels {
-        tenant.hub.unsubscribe(ch, &handle);
+}
+
+impl Serve for SseSession {
+    fn turn(&mut self, cx: &mut Context<'_>, stream: &TcpStream) -> Poll<Turn> {
+        let step = match ready!(poll_wake(cx, &self.handle, stream, &self.out)) {
+            Ok(Wake::Socket(ready)) => self.on_ready(stream, ready),
+            Ok(Wake::Queue) => self.on_woken(stream),
+            Err(end) => Err(end),
+        };
+        Poll::Ready(match step.and_then(|()| self.repark(stream)) {
+            Ok(()) => Turn::Continue,
+            Err(end) => Turn::End(end),
+        })
     }
-    tenant
-        .metrics
-        .subscriptions
-        .decrement(state.channels.len() as f64);
-    handle.close();
-    tenant.sessions.deregister(registration);
-    tenant.metrics.closed(end.label());
-    // An SSE stream ends by closing; a reason travels as a last event.
-    let last = match &end {
-        End::Close(code, reason) if *code != close::NORMAL => {
-            let json = format!(
-                "{{\"op\":\"close\",\"code\":{code},\"reason\":{}}}",
-                serde_json::Value::String(reason.clone())
-            );
-            Some(sse::encode_event("close", &json))
+
+    /// Leaves every channel and the tenant's registry, counts the end, and
+    /// returns the backlog and the last event: an SSE stream ends by
+    /// closing, and a reason travels as a `close` event.
+    fn leave(&mut self, end: &End) -> (Unwritten, Option<Bytes>) {
+        let tenant = &self.tenant;
+        for ch in &self.state.channels {
+            tenant.hub.unsubscribe(ch, &self.handle);
         }
-        _ => None,
-    };
-    finish(stream, out, last).await;
-    drop(slot);
+        tenant
+            .metrics
+            .subscriptions
+            .decrement(self.state.channels.len() as f64);
+        self.handle.close();
+        tenant.sessions.deregister(self.registration);
+        tenant.metrics.closed(end.label());
+        let last = match end {
+            End::Close(code, reason) if *code != close::NORMAL => {
+                let json = format!(
+                    "{{\"op\":\"close\",\"code\":{code},\"reason\":{}}}",
+                    serde_json::Value::String(reason.clone())
+                );
+                Some(sse::encode_event("close", &json))
+            }
+            _ => None,
+        };
+        (std::mem::take(&mut self.out), last)
+    }
 }
 
 /// An SSE client sends nothing after its request; read and drop anything it

@@ -1,10 +1,11 @@
 //! The writer both kinds of session share: what was taken from the queue and
-//! not yet written, `writev` of shared frames, the last words before close.
+//! not yet written, `writev` of shared frames, the last words before close,
+//! and the session's waits ([`poll_wake`]).
 //!
 //! Invariants: a frame is borrowed from the channel's encoded `Bytes`, never
 //! copied, unless the socket took only part of it; the backlog is empty (no
-//! allocation) once written; nothing here waits except [`finish`], which is
-//! bounded.
+//! allocation) once written; nothing here waits but [`finish`], which is
+//! bounded ([`poll_wake`] registers the session's waits, it does not wait).
 
 use super::sse::SseState;
 use super::End;
@@ -15,8 +16,9 @@ use crate::tenant::Tenant;
 use bytes::{Buf, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
+use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncWriteExt, Interest};
+use tokio::io::{AsyncWriteExt, Ready};
 use tokio::net::TcpStream;
 
 /// Slices handed to one `writev`.
@@ -221,12 +223,45 @@ pub(super) async fn finish(mut stream: TcpStream, mut out: Unwritten, last: Opti
     .await;
 }
 
-/// Readable always; writable too while frames wait for socket space.
-pub(super) fn interest(out: &Unwritten) -> Interest {
-    if out.is_empty() {
-        Interest::READABLE
+/// What a session's loop woke for.
+pub(super) enum Wake {
+    /// Its queue changed or it was closed.
+    Queue,
+    /// Its socket can be read, or written (only asked while a backlog waits).
+    Socket(Ready),
+}
+
+/// A session's waits, polled together: its queue first (a close from
+/// outside must not wait for a full socket), then its socket, readable
+/// always and writable while frames wait for socket space. None is a future
+/// of its own: the handle keeps the task's waker, the socket's registration
+/// its reader's and writer's, so a session that waits holds its state only.
+pub(super) fn poll_wake(
+    cx: &mut Context<'_>,
+    handle: &SessionHandle,
+    stream: &TcpStream,
+    out: &Unwritten,
+) -> Poll<Result<Wake, End>> {
+    if handle.poll_woken(cx).is_ready() {
+        return Poll::Ready(Ok(Wake::Queue));
+    }
+    let mut ready = Ready::EMPTY;
+    if !out.is_empty() {
+        match stream.poll_write_ready(cx) {
+            Poll::Ready(Ok(())) => ready = ready | Ready::WRITABLE,
+            Poll::Ready(Err(_)) => return Poll::Ready(Err(End::Io)),
+            Poll::Pending => {}
+        }
+    }
+    match stream.poll_read_ready(cx) {
+        Poll::Ready(Ok(())) => ready = ready | Ready::READABLE,
+        Poll::Ready(Err(_)) => return Poll::Ready(Err(End::Io)),
+        Poll::Pending => {}
+    }
+    if ready.is_empty() {
+        Poll::Pending
     } else {
-        Interest::READABLE | Interest::WRITABLE
+        Poll::Ready(Ok(Wake::Socket(ready)))
     }
 }
 

@@ -1,15 +1,18 @@
 //! A WebSocket session: frames from the client (ops, pings, close), frames to
-//! it through the shared writer, pings every heartbeat.
+//! it through the shared writer; the node's heartbeat pings it through its
+//! handle (`SessionHandle::beat`), so it keeps no timer.
 //!
 //! Invariants: frames are decoded and acted on in order, a subscription that
 //! waits for the plugin stops decoding until it is settled; a client silent
-//! for two heartbeats is closed with 4002, one that answers pings never is.
+//! for two heartbeats is closed with 4002 within a third, one that answers
+//! pings never is.
 
+use super::task::{Serve, Task, Turn};
 use super::writer::{
-    finish, flush, interest, load_and_flush, send_queued, Deflate, Framing, Unwritten,
+    flush, load_and_flush, poll_wake, send_queued, Deflate, Framing, Unwritten, Wake,
 };
 use super::{ask_plugin, check_subscribe, queue_end, End, SubCheck, SubRefusal, READ_BUDGET};
-use crate::clock::now_ms;
+use crate::clock::{mono_ms, now_ms};
 use crate::fanout::queue::Wire;
 use crate::fanout::session::{SessionHandle, SessionInfo};
 use crate::plugin::active::ActivePlugin;
@@ -21,15 +24,16 @@ use crate::server::Admitted;
 use crate::server::Server;
 use crate::tenant::Tenant;
 use bytes::Bytes;
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::Ready;
 use tokio::net::TcpStream;
 
 mod reader;
-
-const PING_FRAME: &[u8] = &[0x89, 0x00];
 
 /// What a session needs from its tenant, copied once at connect.
 struct SessionLimits {
@@ -71,25 +75,20 @@ struct PendingSub {
     plugin: Arc<ActivePlugin>,
 }
 
-/// Settles pending subscriptions one by one, decoding what followed each.
-async fn settle(
-    reader: &mut WsReader,
-    mut pending: Option<PendingSub>,
-    tenant: &Tenant,
-    handle: &Arc<SessionHandle>,
-    limits: &SessionLimits,
-) -> Result<(), End> {
-    while let Some(p) = pending.take() {
-        let verdict = ask_plugin(tenant, p.plugin.clone(), reader.session.clone(), &p.ch).await;
-        reader.complete_sub(p, verdict, tenant, handle);
-        pending = reader.resume(tenant, handle, limits)?;
-    }
-    Ok(())
-}
+/// A subscription's plugin round trip, boxed while it runs (a session that
+/// waits for nothing else holds no room for it); it gives the subscription
+/// back with its verdict.
+type Asking = Pin<Box<dyn Future<Output = (PendingSub, Result<(), SubRefusal>)> + Send>>;
 
 /// Runs a WebSocket session until it ends. `early` holds bytes the client
-/// sent right after its handshake request.
-pub async fn run_ws(app: Arc<Server>, stream: TcpStream, early: Vec<u8>, admitted: Admitted) {
+/// sent right after its handshake request. The session is made here, before
+/// its task: what the handshake handed over is not kept in it.
+pub fn run_ws(
+    app: Arc<Server>,
+    stream: TcpStream,
+    early: Vec<u8>,
+    admitted: Admitted,
+) -> impl Future<Output = ()> + Send {
     let Admitted {
         slot,
         session,
@@ -97,7 +96,7 @@ pub async fn run_ws(app: Arc<Server>, stream: TcpStream, early: Vec<u8>, admitte
         origin,
         deflate,
     } = admitted;
-    let mut s = WsSession::open(
+    let s = WsSession::open(
         &app,
         slot.tenant.clone(),
         session,
@@ -105,13 +104,7 @@ pub async fn run_ws(app: Arc<Server>, stream: TcpStream, early: Vec<u8>, admitte
         (remote, origin),
         deflate,
     );
-    let end = match s.read_early().await {
-        Ok(()) => s.serve(&stream, app.settings.heartbeat).await,
-        Err(end) => end,
-    };
-    let last = s.leave(&end);
-    finish(stream, std::mem::take(&mut s.out), last).await;
-    drop(slot);
+    Task::new(s, stream, slot)
 }
 
 /// Everything a WebSocket session keeps besides its socket and slot.
@@ -123,10 +116,13 @@ struct WsSession {
     out: Unwritten,
     /// Its key in the tenant's session registry.
     registration: usize,
-    /// When the client last sent a byte (a pong counts).
-    last_seen: Instant,
     /// Told the handle it is parked (a backlog waits for the socket).
     parked: bool,
+    /// The frames that came with the handshake were acted on.
+    started: bool,
+    /// A subscription waits for the plugin: nothing more is decoded (or
+    /// waited for) until it is settled, so frames keep their order.
+    asking: Option<Asking>,
 }
 
 impl WsSession {
@@ -194,63 +190,9 @@ impl WsSession {
             },
             out: Unwritten::default(),
             registration,
-            last_seen: Instant::now(),
             parked: false,
-        }
-    }
-
-    /// Acts on the frames that arrived with the handshake, before any wait.
-    async fn read_early(&mut self) -> Result<(), End> {
-        let pending = self
-            .reader
-            .resume(&self.tenant, &self.handle, &self.limits)?;
-        self.settle(pending).await
-    }
-
-    /// Waits for the queue, the socket and the heartbeat until the session ends.
-    async fn serve(&mut self, stream: &TcpStream, heartbeat: Duration) -> End {
-        let hb = tokio::time::sleep(heartbeat);
-        tokio::pin!(hb);
-        // The waits live across turns and are re-armed only after they fire
-        // (or, for the socket, when the direction of interest changes): a
-        // fresh wait would register itself again under a lock on every frame.
-        let handle = self.handle.clone();
-        let woken = handle.woken();
-        tokio::pin!(woken);
-        let mut want = interest(&self.out);
-        let ready = stream.ready(want);
-        tokio::pin!(ready);
-        loop {
-            let step = tokio::select! {
-                biased;
-                // Also while the socket is full: a close from outside must not wait for it.
-                _ = &mut woken => {
-                    woken.set(handle.woken());
-                    self.on_woken(stream)
-                }
-                // One readiness wait for both directions keeps the idle session small.
-                r = &mut ready => {
-                    ready.set(stream.ready(want));
-                    match r {
-                        Ok(r) => self.on_ready(stream, r).await,
-                        Err(_) => Err(End::Io),
-                    }
-                }
-                _ = &mut hb => {
-                    hb.as_mut().reset(tokio::time::Instant::now() + heartbeat);
-                    self.on_heartbeat(heartbeat)
-                }
-            };
-            if let Err(end) = step {
-                return end;
-            }
-            if let Err(end) = self.repark(stream) {
-                return end;
-            }
-            if interest(&self.out) != want {
-                want = interest(&self.out);
-                ready.set(stream.ready(want));
-            }
+            started: false,
+            asking: None,
         }
     }
 
@@ -287,6 +229,9 @@ impl WsSession {
     /// The queue changed: send what it holds, unless a backlog is still
     /// waiting for the socket, or end if it was closed.
     fn on_woken(&mut self, stream: &TcpStream) -> Result<(), End> {
+        // The heartbeat's ping wakes it too: a frame left incomplete is
+        // timed at least that often.
+        self.reader.check_incomplete(self.limits.frame_deadline)?;
         if self.out.end_hold() {
             // The pacer unparked the handle (or a close woke it early).
             self.handle.park(false);
@@ -315,7 +260,7 @@ impl WsSession {
 
     /// The socket can take bytes (write the backlog) or has some (read and
     /// act on client frames).
-    async fn on_ready(&mut self, stream: &TcpStream, ready: Ready) -> Result<(), End> {
+    fn on_ready(&mut self, stream: &TcpStream, ready: Ready) -> Result<(), End> {
         if ready.is_writable() && !self.out.is_empty() {
             flush(stream, &mut self.out, &self.tenant)?;
             // Once the backlog is out, send what queued meanwhile: its
@@ -329,48 +274,62 @@ impl WsSession {
                 self.reader
                     .on_readable(stream, &self.tenant, &self.handle, &self.limits)?;
             if got {
-                self.last_seen = Instant::now();
+                self.handle.heard(mono_ms());
             }
             self.reader.check_incomplete(self.limits.frame_deadline)?;
-            self.settle(pending).await?;
+            self.ask(pending);
         }
         Ok(())
     }
 
-    /// Pings, or ends a client silent for two heartbeats: one that answers
-    /// pings sends a pong every heartbeat.
-    fn on_heartbeat(&mut self, heartbeat: Duration) -> Result<(), End> {
-        self.reader.check_incomplete(self.limits.frame_deadline)?;
-        if self.last_seen.elapsed() >= heartbeat * 2 {
-            return Err(End::Close(
-                close::HEARTBEAT_TIMEOUT,
-                "no frame from client within the heartbeat timeout".into(),
-            ));
-        }
-        self.handle.deliver_raw(Bytes::from_static(PING_FRAME));
-        Ok(())
+    /// Asks the plugin about a subscription that waits for it.
+    fn ask(&mut self, pending: Option<PendingSub>) {
+        let Some(sub) = pending else { return };
+        let (tenant, grant) = (self.tenant.clone(), self.reader.session.clone());
+        self.asking = Some(Box::pin(async move {
+            let verdict = ask_plugin(&tenant, sub.plugin.clone(), grant, &sub.ch).await;
+            (sub, verdict)
+        }));
     }
 
-    /// Settles a subscription waiting for the plugin (and what followed it).
-    async fn settle(&mut self, pending: Option<PendingSub>) -> Result<(), End> {
-        if pending.is_none() {
-            return Ok(());
-        }
-        // Boxed: a plugin round trip is rare, and its state must not
-        // enlarge every idle session.
-        Box::pin(settle(
-            &mut self.reader,
-            pending,
-            &self.tenant,
-            &self.handle,
-            &self.limits,
-        ))
-        .await
+    /// The frames that came with the handshake, or those that followed a
+    /// subscription the plugin just settled: decoded now.
+    fn resume(&mut self) -> Result<(), End> {
+        let pending = self
+            .reader
+            .resume(&self.tenant, &self.handle, &self.limits)?;
+        self.ask(pending);
+        Ok(())
+    }
+}
+
+impl Serve for WsSession {
+    fn turn(&mut self, cx: &mut Context<'_>, stream: &TcpStream) -> Poll<Turn> {
+        let step = if !self.started {
+            self.started = true;
+            self.resume()
+        } else if let Some(asking) = &mut self.asking {
+            let (sub, verdict) = ready!(asking.as_mut().poll(cx));
+            self.asking = None;
+            self.reader
+                .complete_sub(sub, verdict, &self.tenant, &self.handle);
+            self.resume()
+        } else {
+            match ready!(poll_wake(cx, &self.handle, stream, &self.out)) {
+                Ok(Wake::Queue) => self.on_woken(stream),
+                Ok(Wake::Socket(ready)) => self.on_ready(stream, ready),
+                Err(end) => Err(end),
+            }
+        };
+        Poll::Ready(match step.and_then(|()| self.repark(stream)) {
+            Ok(()) => Turn::Continue,
+            Err(end) => Turn::End(end),
+        })
     }
 
     /// Leaves every channel and the tenant's registry, counts the end, and
-    /// returns the close frame to send.
-    fn leave(&mut self, end: &End) -> Option<Bytes> {
+    /// returns the backlog and the close frame to send.
+    fn leave(&mut self, end: &End) -> (Unwritten, Option<Bytes>) {
         let tenant = &self.tenant;
         let subs = self.handle.take_channels();
         for ch in &subs {
@@ -381,11 +340,12 @@ impl WsSession {
         tenant.sessions.deregister(self.registration);
         tenant.metrics.closed(end.label());
         tracing::debug!(tenant = %tenant.id, reason = end.label(), "websocket session ended");
-        match end {
+        let last = match end {
             End::Close(code, reason) => Some(ws::encode_close(*code, reason)),
             End::PeerClosed(Some(code)) => Some(ws::encode_close(*code, "")),
             End::PeerClosed(None) => Some(ws::encode_close(close::NORMAL, "")),
             End::Io => None,
-        }
+        };
+        (std::mem::take(&mut self.out), last)
     }
 }
