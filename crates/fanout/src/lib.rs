@@ -236,6 +236,8 @@ fn pick<'a>(frames: &'a [Arc<Published>], audience: Option<&str>) -> Option<&'a 
 /// What a subscribe found, so the session can answer the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubscribeResult {
+    /// The channel's name, shared: a session keeps this one, not a copy.
+    pub name: Arc<str>,
     pub epoch: u64,
     /// The last position the session's audience was sent at the moment of
     /// joining: the `prev` of the next message it gets live.

@@ -185,6 +185,7 @@ impl Hub {
         let audience = session.audience();
         let head = c.last_for(audience);
         let mut result = SubscribeResult {
+            name: c.name.clone(),
             epoch: c.epoch,
             head,
             gap: None,

@@ -15,6 +15,7 @@ use super::Published;
 use bytes::Bytes;
 use herald_proto::{sse, ws};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -70,7 +71,7 @@ struct State {
     closed: Option<QueueClose>,
     /// The channels it is subscribed to (the session's reader keeps it; the
     /// operator's connection list reads it).
-    channels: Vec<Arc<str>>,
+    channels: Channels,
     /// The writer waits for its socket with a backlog (see [`SessionHandle::park`]).
     parked: bool,
     /// A wake-up its writer has not taken yet ([`SessionHandle::poll_woken`]).
@@ -96,6 +97,10 @@ fn wake(w: Option<Waker>) {
 
 /// The frame that pings a WebSocket client (it answers with a pong).
 const PING: &[u8] = &[0x89, 0x00];
+
+/// A session's channels, by the names the hub's channels hold. Most
+/// sessions have one: it is kept inline, with no allocation of its own.
+pub type Channels = SmallVec<[Arc<str>; 1]>;
 
 /// Who a session is, for the operator (`GET …/connections`, `POST …/disconnect`).
 #[derive(Debug, Clone)]
@@ -182,13 +187,14 @@ impl SessionHandle {
         &self.info
     }
 
-    /// Records a subscription; false when it was there already.
-    pub fn add_channel(&self, ch: &str) -> bool {
+    /// Records a subscription, by the name the hub returned
+    /// ([`crate::SubscribeResult::name`]); false when it was there already.
+    pub fn add_channel(&self, ch: Arc<str>) -> bool {
         let mut st = self.state.lock();
         if st.channels.iter().any(|c| **c == *ch) {
             return false;
         }
-        st.channels.push(ch.into());
+        st.channels.push(ch);
         true
     }
 
@@ -214,11 +220,11 @@ impl SessionHandle {
 
     /// The channels it is subscribed to now.
     pub fn channels(&self) -> Vec<Arc<str>> {
-        self.state.lock().channels.clone()
+        self.state.lock().channels.to_vec()
     }
 
     /// Forgets every subscription and returns them (the session is leaving).
-    pub fn take_channels(&self) -> Vec<Arc<str>> {
+    pub fn take_channels(&self) -> Channels {
         std::mem::take(&mut self.state.lock().channels)
     }
 

@@ -12,23 +12,25 @@ use super::writer::{flush, load_and_flush, poll_wake, Framing, Unwritten, Wake};
 use super::{queue_end, End, READ_BUDGET};
 use crate::clock::now_ms;
 use crate::fanout::queue::Wire;
-use crate::fanout::session::{SessionHandle, SessionInfo};
+use crate::fanout::session::{Channels, SessionHandle, SessionInfo};
 use crate::fanout::Published;
 use crate::proto::{self, sse, ws::close};
 use crate::server::Admitted;
 use crate::server::Server;
 use crate::tenant::Tenant;
 use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::net::TcpStream;
 
-/// An SSE session's channels (in request order) and the positions it sent.
+/// An SSE session's channels (in request order) and the positions it sent;
+/// a stream of one channel keeps both inline.
 pub struct SseState {
-    channels: Vec<Arc<str>>,
-    positions: Vec<(u64, u64)>,
+    channels: Channels,
+    positions: SmallVec<[(u64, u64); 1]>,
 }
 
 impl SseState {
@@ -90,8 +92,8 @@ pub fn run_sse(
     drop(settings);
     tenant.metrics.opened_sse.increment(1);
     let mut state = SseState {
-        channels: Vec::with_capacity(req.channels.len()),
-        positions: Vec::new(),
+        channels: Channels::new(),
+        positions: SmallVec::new(),
     };
     handle.deliver_raw(Bytes::from_static(b"retry: 2000\n\n"));
     for (i, ch) in req.channels.iter().enumerate() {
@@ -113,8 +115,8 @@ pub fn run_sse(
             handle.deliver_ctrl("gap", &proto::encode_gap(ch, 1, r.head));
         }
         state.positions.push((r.epoch, start));
-        state.channels.push(ch.as_str().into());
-        handle.add_channel(ch);
+        state.channels.push(r.name.clone());
+        handle.add_channel(r.name);
     }
     // What the request held is not kept for the stream's life.
     drop(req);

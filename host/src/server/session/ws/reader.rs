@@ -291,7 +291,7 @@ impl WsReader {
         handle: &Arc<SessionHandle>,
     ) {
         let history = tenant.settings().limits.history();
-        tenant.hub.subscribe(
+        let joined = tenant.hub.subscribe(
             &ch,
             handle,
             since.map(|s| (s, epoch)),
@@ -301,7 +301,7 @@ impl WsReader {
                 handle.deliver_ctrl("ack", &proto::encode_ack(id, Some((&ch, ep, head))));
             },
         );
-        if handle.add_channel(&ch) {
+        if handle.add_channel(joined.name) {
             tenant.metrics.subscriptions.increment(1.0);
         }
     }
