@@ -4,6 +4,15 @@ use anyhow::Context as _;
 use clap::Parser;
 use herald::cli::{Cli, Command};
 
+/// jemalloc, not glibc's malloc: a connection's long-lived blocks (its task
+/// and socket registration, 128-byte aligned; its handle) sit in size classes
+/// with no header per block and no remainders split off aligned ones, so an
+/// idle connection costs ~1.2 KiB of RSS instead of ~1.45 (BENCHMARKS.md,
+/// "Idle connections below uWebSockets"); connects and fan-out measured no
+/// slower in the same runs.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let args = match cli.command {
