@@ -248,13 +248,13 @@ pub(super) fn poll_wake(
     let mut ready = Ready::EMPTY;
     if !out.is_empty() {
         match stream.poll_write_ready(cx) {
-            Poll::Ready(Ok(())) => ready = ready | Ready::WRITABLE,
+            Poll::Ready(Ok(())) => ready |= Ready::WRITABLE,
             Poll::Ready(Err(_)) => return Poll::Ready(Err(End::Io)),
             Poll::Pending => {}
         }
     }
     match stream.poll_read_ready(cx) {
-        Poll::Ready(Ok(())) => ready = ready | Ready::READABLE,
+        Poll::Ready(Ok(())) => ready |= Ready::READABLE,
         Poll::Ready(Err(_)) => return Poll::Ready(Err(End::Io)),
         Poll::Pending => {}
     }
