@@ -7,8 +7,8 @@
 //! its first, what the client resumed from), so `Last-Event-ID` resumes them
 //! all, however the stream was cut.
 
-use super::task::{Serve, Task, Turn};
-use super::writer::{flush, load_and_flush, poll_wake, Framing, Unwritten, Wake};
+use super::task::{Serve, Task};
+use super::writer::{flush, load_and_flush, Framing, Unwritten};
 use super::{queue_end, End, READ_BUDGET};
 use crate::clock::now_ms;
 use crate::fanout::queue::Wire;
@@ -23,7 +23,6 @@ use smallvec::SmallVec;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
 use tokio::net::TcpStream;
 
 /// An SSE session's channels (in request order) and the positions it sent;
@@ -160,6 +159,12 @@ impl SseSession {
         let framing = Framing::Sse(&mut self.state);
         load_and_flush(stream, &self.handle, &mut self.out, &self.tenant, framing)
     }
+}
+
+impl Serve for SseSession {
+    fn waits(&self) -> (&SessionHandle, &Unwritten) {
+        (&self.handle, &self.out)
+    }
 
     /// The socket can take the backlog, or has input to drop.
     fn on_ready(&mut self, stream: &TcpStream, ready: tokio::io::Ready) -> Result<(), End> {
@@ -210,20 +215,6 @@ impl SseSession {
             self.tenant.sessions.hold(&self.handle);
         }
         Ok(())
-    }
-}
-
-impl Serve for SseSession {
-    fn turn(&mut self, cx: &mut Context<'_>, stream: &TcpStream) -> Poll<Turn> {
-        let step = match ready!(poll_wake(cx, &self.handle, stream, &self.out)) {
-            Ok(Wake::Socket(ready)) => self.on_ready(stream, ready),
-            Ok(Wake::Queue) => self.on_woken(stream),
-            Err(end) => Err(end),
-        };
-        Poll::Ready(match step.and_then(|()| self.repark(stream)) {
-            Ok(()) => Turn::Continue,
-            Err(end) => Turn::End(end),
-        })
     }
 
     /// Leaves every channel and the tenant's registry, counts the end, and

@@ -10,13 +10,15 @@
 //! every wait's future beside both; this is what makes an idle connection
 //! cost what `bench idle` reports.
 
-use super::writer::{finish, Unwritten};
+use super::writer::{finish, poll_wake, Unwritten, Wake};
 use super::End;
+use crate::fanout::session::SessionHandle;
 use crate::tenant::ConnectionSlot;
 use bytes::Bytes;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use tokio::io::Ready;
 use tokio::net::TcpStream;
 
 /// Turns one poll of a session may take before it lets the worker run
@@ -25,21 +27,46 @@ const TURNS_PER_POLL: usize = 32;
 
 /// What the task needs of a kind of session (WebSocket, SSE).
 pub(super) trait Serve: Unpin {
-    /// One turn: acts on what is ready and returns `Continue`, waits
-    /// (`Pending`, with the waits registered with `cx`), or ends.
-    fn turn(&mut self, cx: &mut Context<'_>, stream: &TcpStream) -> Poll<Turn>;
+    /// Its handle and its backlog: what its waits are polled on.
+    fn waits(&self) -> (&SessionHandle, &Unwritten);
+
+    /// Work of its own that comes before its waits (WebSocket: the frames
+    /// that came with the handshake, a plugin's verdict): `Ready(None)`
+    /// when there is none.
+    fn poll_own(&mut self, _cx: &mut Context<'_>) -> Poll<Option<Result<(), End>>> {
+        Poll::Ready(None)
+    }
+
+    /// Its queue changed or it was closed.
+    fn on_woken(&mut self, stream: &TcpStream) -> Result<(), End>;
+
+    /// Its socket can take the backlog, or has bytes to read.
+    fn on_ready(&mut self, stream: &TcpStream, ready: Ready) -> Result<(), End>;
+
+    /// After every turn: parks or unparks its handle as its backlog and
+    /// its reader's pace say.
+    fn repark(&mut self, stream: &TcpStream) -> Result<(), End>;
 
     /// Leaves its channels and its tenant's registry, counts the end, and
     /// returns what must still be written: the backlog and the last frame.
     fn leave(&mut self, end: &End) -> (Unwritten, Option<Bytes>);
 }
 
-/// What one turn of a session did.
-pub(super) enum Turn {
-    /// It acted; the next turn may find more to do.
-    Continue,
-    /// The session ended.
-    End(End),
+/// One turn of a session: its own work, or else what its waits found, then
+/// its parking. `Pending` with the waits registered with `cx`.
+fn turn<S: Serve>(s: &mut S, cx: &mut Context<'_>, stream: &TcpStream) -> Poll<Result<(), End>> {
+    let step = match ready!(s.poll_own(cx)) {
+        Some(step) => step,
+        None => {
+            let (handle, out) = s.waits();
+            match ready!(poll_wake(cx, handle, stream, out)) {
+                Ok(Wake::Queue) => s.on_woken(stream),
+                Ok(Wake::Socket(ready)) => s.on_ready(stream, ready),
+                Err(end) => Err(end),
+            }
+        }
+    };
+    Poll::Ready(step.and_then(|()| s.repark(stream)))
 }
 
 /// A session's task: serves until the session ends, then writes its last
@@ -77,9 +104,9 @@ impl<S: Serve> Future for Task<S> {
             return Poll::Ready(());
         };
         for _ in 0..TURNS_PER_POLL {
-            match ready!(this.session.turn(cx, stream)) {
-                Turn::Continue => {}
-                Turn::End(end) => {
+            match ready!(turn(&mut this.session, cx, stream)) {
+                Ok(()) => {}
+                Err(end) => {
                     let (out, last) = this.session.leave(&end);
                     let stream = this
                         .stream

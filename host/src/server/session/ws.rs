@@ -7,10 +7,8 @@
 //! for two heartbeats is closed with 4002 within a third, one that answers
 //! pings never is.
 
-use super::task::{Serve, Task, Turn};
-use super::writer::{
-    flush, load_and_flush, poll_wake, send_queued, Deflate, Framing, Unwritten, Wake,
-};
+use super::task::{Serve, Task};
+use super::writer::{flush, load_and_flush, send_queued, Deflate, Framing, Unwritten};
 use super::{ask_plugin, check_subscribe, queue_end, End, SubCheck, SubRefusal, READ_BUDGET};
 use crate::clock::{mono_ms, now_ms};
 use crate::fanout::queue::Wire;
@@ -196,34 +194,36 @@ impl WsSession {
         }
     }
 
-    /// A backlog waits for the socket, or the writer holds off for a
-    /// lagging reader: parked, pushes need not wake us (the drained socket
-    /// or the pacer will). Unparked, what was pushed meanwhile woke nobody,
-    /// so it is taken now.
-    fn repark(&mut self, stream: &TcpStream) -> Result<(), End> {
-        loop {
-            let park = self.out.parks();
-            if park != self.parked {
-                self.parked = park;
-                self.handle.park(park);
-                if !park {
-                    self.take_and_send(stream)?;
-                    continue;
-                }
-            }
-            // A lagging reader: parked above, woken by the pacer.
-            if self.out.take_new_hold() {
-                self.tenant.metrics.lagging.increment(1);
-                self.tenant.sessions.hold(&self.handle);
-            }
-            return Ok(());
-        }
-    }
-
     /// Takes what is queued and writes it (compressed as agreed).
     fn take_and_send(&mut self, stream: &TcpStream) -> Result<(), End> {
         let framing = Framing::Ws(self.limits.deflate);
         load_and_flush(stream, &self.handle, &mut self.out, &self.tenant, framing)
+    }
+
+    /// Asks the plugin about a subscription that waits for it.
+    fn ask(&mut self, pending: Option<PendingSub>) {
+        let Some(sub) = pending else { return };
+        let (tenant, grant) = (self.tenant.clone(), self.reader.session.clone());
+        self.asking = Some(Box::pin(async move {
+            let verdict = ask_plugin(&tenant, sub.plugin.clone(), grant, &sub.ch).await;
+            (sub, verdict)
+        }));
+    }
+
+    /// The frames that came with the handshake, or those that followed a
+    /// subscription the plugin just settled: decoded now.
+    fn resume(&mut self) -> Result<(), End> {
+        let pending = self
+            .reader
+            .resume(&self.tenant, &self.handle, &self.limits)?;
+        self.ask(pending);
+        Ok(())
+    }
+}
+
+impl Serve for WsSession {
+    fn waits(&self) -> (&SessionHandle, &Unwritten) {
+        (&self.handle, &self.out)
     }
 
     /// The queue changed: send what it holds, unless a backlog is still
@@ -282,49 +282,43 @@ impl WsSession {
         Ok(())
     }
 
-    /// Asks the plugin about a subscription that waits for it.
-    fn ask(&mut self, pending: Option<PendingSub>) {
-        let Some(sub) = pending else { return };
-        let (tenant, grant) = (self.tenant.clone(), self.reader.session.clone());
-        self.asking = Some(Box::pin(async move {
-            let verdict = ask_plugin(&tenant, sub.plugin.clone(), grant, &sub.ch).await;
-            (sub, verdict)
-        }));
-    }
-
-    /// The frames that came with the handshake, or those that followed a
-    /// subscription the plugin just settled: decoded now.
-    fn resume(&mut self) -> Result<(), End> {
-        let pending = self
-            .reader
-            .resume(&self.tenant, &self.handle, &self.limits)?;
-        self.ask(pending);
-        Ok(())
-    }
-}
-
-impl Serve for WsSession {
-    fn turn(&mut self, cx: &mut Context<'_>, stream: &TcpStream) -> Poll<Turn> {
-        let step = if !self.started {
-            self.started = true;
-            self.resume()
-        } else if let Some(asking) = &mut self.asking {
-            let (sub, verdict) = ready!(asking.as_mut().poll(cx));
-            self.asking = None;
-            self.reader
-                .complete_sub(sub, verdict, &self.tenant, &self.handle);
-            self.resume()
-        } else {
-            match ready!(poll_wake(cx, &self.handle, stream, &self.out)) {
-                Ok(Wake::Queue) => self.on_woken(stream),
-                Ok(Wake::Socket(ready)) => self.on_ready(stream, ready),
-                Err(end) => Err(end),
+    /// A backlog waits for the socket, or the writer holds off for a
+    /// lagging reader: parked, pushes need not wake us (the drained socket
+    /// or the pacer will). Unparked, what was pushed meanwhile woke nobody,
+    /// so it is taken now.
+    fn repark(&mut self, stream: &TcpStream) -> Result<(), End> {
+        loop {
+            let park = self.out.parks();
+            if park != self.parked {
+                self.parked = park;
+                self.handle.park(park);
+                if !park {
+                    self.take_and_send(stream)?;
+                    continue;
+                }
             }
+            // A lagging reader: parked above, woken by the pacer.
+            if self.out.take_new_hold() {
+                self.tenant.metrics.lagging.increment(1);
+                self.tenant.sessions.hold(&self.handle);
+            }
+            return Ok(());
+        }
+    }
+
+    fn poll_own(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<(), End>>> {
+        if !self.started {
+            self.started = true;
+            return Poll::Ready(Some(self.resume()));
+        }
+        let Some(asking) = &mut self.asking else {
+            return Poll::Ready(None);
         };
-        Poll::Ready(match step.and_then(|()| self.repark(stream)) {
-            Ok(()) => Turn::Continue,
-            Err(end) => Turn::End(end),
-        })
+        let (sub, verdict) = ready!(asking.as_mut().poll(cx));
+        self.asking = None;
+        self.reader
+            .complete_sub(sub, verdict, &self.tenant, &self.handle);
+        Poll::Ready(Some(self.resume()))
     }
 
     /// Leaves every channel and the tenant's registry, counts the end, and
