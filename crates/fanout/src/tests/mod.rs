@@ -3,7 +3,7 @@
 use super::channel::Subscriber;
 use super::channel::{shared_epoch, TRACKED_AUDIENCES};
 use super::*;
-use crate::queue::{Item, SlowConsumer};
+use crate::queue::{Item, SlowConsumer, Wire};
 
 mod resume;
 
