@@ -16,6 +16,7 @@ mod deflate;
 mod first_start;
 mod frontdoor;
 mod guides;
+mod heartbeat;
 mod helpers;
 mod hostile_figures;
 pub(crate) mod kafka;
