@@ -386,11 +386,7 @@ async fn a_dribbled_frame_is_cut_off_at_the_deadline() {
     opts.config.head_timeout = Duration::from_secs(1);
     let h = spawn_with(opts).await;
     h.public_tenant("dribble").await;
-    let mut s = TcpStream::connect(h.addr).await.unwrap();
-    s.write_all(ws_upgrade_request("dribble", "").as_bytes())
-        .await
-        .unwrap();
-    assert_eq!(read_response(&mut s).await.status, 101);
+    let mut s = raw_ws_session(h.addr, "dribble").await;
     // A masked text frame announcing 1,000 bytes, sent a byte at a time.
     s.write_all(&[0x81, 0x80 | 126, 0x03, 0xE8, 1, 2, 3, 4])
         .await

@@ -6,8 +6,7 @@ use crate::helpers::*;
 use futures_util::StreamExt;
 use serde_json::json;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::AsyncReadExt;
 
 #[tokio::test]
 async fn sse_sends_a_comment_every_heartbeat() {
@@ -43,11 +42,7 @@ async fn ws_client_silent_for_two_heartbeats_is_closed_with_4002() {
     let h = spawn_with(opts).await;
     h.public_tenant("fd-ws-silent").await;
     // A raw socket never answers the pings.
-    let mut s = TcpStream::connect(h.addr).await.unwrap();
-    s.write_all(ws_upgrade_request("fd-ws-silent", "").as_bytes())
-        .await
-        .unwrap();
-    assert_eq!(read_response(&mut s).await.status, 101);
+    let mut s = raw_ws_session(h.addr, "fd-ws-silent").await;
     let silent_since = Instant::now();
     let mut got = Vec::new();
     let mut pings = 0;

@@ -657,6 +657,17 @@ pub fn ws_upgrade_request(tenant: &str, extra_headers: &str) -> String {
     )
 }
 
+/// A raw socket upgraded to a WebSocket session of `tenant` (101 checked),
+/// for tests that write and read frames by hand.
+pub async fn raw_ws_session(addr: SocketAddr, tenant: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(ws_upgrade_request(tenant, "").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut s).await.status, 101);
+    s
+}
+
 /// One masked client text frame (payload under 126 bytes).
 pub fn client_text_frame(text: &str) -> Vec<u8> {
     let mask = [0x1u8, 0x2, 0x3, 0x4];
