@@ -2,15 +2,17 @@
 //! This file: how a session ends ([`End`], close codes and reasons), a
 //! client's subscribe rights (the plugin's grant, authorize-subscribe).
 //!
-//! Owns: one connection after its handshake, for WebSocket (`ws.rs`: the
-//! session loop, pings; `ws/reader.rs`: frames and client ops) and SSE
-//! (`sse.rs`: one-way stream, `id:` positions) alike; both write through the
-//! same writer (`writer.rs`) and end through [`End`]. Invariants: an idle session holds no read or write buffer
-//! (reads go through a stack buffer inside a synchronous step; a partial frame
-//! is the only thing kept); everything queued is written with as few `writev`
-//! calls as possible; the session never waits on anything but its own socket,
-//! its queue and its timers; on every exit path it leaves all channels and
-//! releases its slot.
+//! Owns: one connection after its handshake, for WebSocket (`ws.rs`: its
+//! turns; `ws/reader.rs`: frames and client ops) and SSE (`sse.rs`: one-way
+//! stream, `id:` positions) alike; both run as a hand-polled task
+//! (`task.rs`), write through the same writer (`writer.rs`) and end through
+//! [`End`]. Invariants: an idle session holds no read or write buffer, no
+//! timer and no future of its own (reads go through a stack buffer inside a
+//! synchronous step; a partial frame is the only thing kept); everything
+//! queued is written with as few `writev` calls as possible; the session
+//! never waits on anything but its own socket, its queue and, while a
+//! subscription is asked about, its plugin's verdict; on every exit path it
+//! leaves all channels and releases its slot.
 
 mod sse;
 mod task;
