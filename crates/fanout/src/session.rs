@@ -374,8 +374,10 @@ impl SessionHandle {
         Poll::Pending
     }
 
-    /// Resolves once something was queued since the last wake-up.
-    pub async fn woken(&self) {
+    /// Resolves once something was queued since the last wake-up (the
+    /// sessions poll [`SessionHandle::poll_woken`] themselves).
+    #[cfg(test)]
+    pub(crate) async fn woken(&self) {
         std::future::poll_fn(|cx| self.poll_woken(cx)).await
     }
 

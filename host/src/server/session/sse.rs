@@ -153,17 +153,19 @@ struct SseSession {
     parked: bool,
 }
 
-impl SseSession {
+impl Serve for SseSession {
+    fn waits(&self) -> (&SessionHandle, &Unwritten) {
+        (&self.handle, &self.out)
+    }
+
+    fn parking(&mut self) -> (&mut bool, &mut Unwritten, &Arc<SessionHandle>, &Tenant) {
+        (&mut self.parked, &mut self.out, &self.handle, &self.tenant)
+    }
+
     /// Takes what is queued and writes it, each message with its id line.
     fn take_and_send(&mut self, stream: &TcpStream) -> Result<(), End> {
         let framing = Framing::Sse(&mut self.state);
         load_and_flush(stream, &self.handle, &mut self.out, &self.tenant, framing)
-    }
-}
-
-impl Serve for SseSession {
-    fn waits(&self) -> (&SessionHandle, &Unwritten) {
-        (&self.handle, &self.out)
     }
 
     /// The socket can take the backlog, or has input to drop.
@@ -194,25 +196,6 @@ impl Serve for SseSession {
         }
         if self.out.is_empty() {
             self.take_and_send(stream)?;
-        }
-        Ok(())
-    }
-
-    /// A backlog waits for the socket, or the writer holds off for a
-    /// lagging reader: parked, pushes need not wake the stream. Unparked,
-    /// what was pushed meanwhile woke nobody: take it.
-    fn repark(&mut self, stream: &TcpStream) -> Result<(), End> {
-        while self.out.parks() != self.parked {
-            self.parked = self.out.parks();
-            self.handle.park(self.parked);
-            if self.parked {
-                break;
-            }
-            self.take_and_send(stream)?;
-        }
-        if self.out.take_new_hold() {
-            self.tenant.metrics.lagging.increment(1);
-            self.tenant.sessions.hold(&self.handle);
         }
         Ok(())
     }

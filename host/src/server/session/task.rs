@@ -13,10 +13,11 @@
 use super::writer::{finish, poll_wake, Unwritten, Wake};
 use super::End;
 use crate::fanout::session::SessionHandle;
-use crate::tenant::ConnectionSlot;
+use crate::tenant::{ConnectionSlot, Tenant};
 use bytes::Bytes;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::io::Ready;
 use tokio::net::TcpStream;
@@ -43,9 +44,37 @@ pub(super) trait Serve: Unpin {
     /// Its socket can take the backlog, or has bytes to read.
     fn on_ready(&mut self, stream: &TcpStream, ready: Ready) -> Result<(), End>;
 
-    /// After every turn: parks or unparks its handle as its backlog and
-    /// its reader's pace say.
-    fn repark(&mut self, stream: &TcpStream) -> Result<(), End>;
+    /// What its parking reads and changes: whether it told its handle it is
+    /// parked, its backlog, its handle and its tenant.
+    fn parking(&mut self) -> (&mut bool, &mut Unwritten, &Arc<SessionHandle>, &Tenant);
+
+    /// Takes what is queued and writes it, framed for its wire.
+    fn take_and_send(&mut self, stream: &TcpStream) -> Result<(), End>;
+
+    /// After every turn: a backlog waits for the socket, or the writer
+    /// holds off for a lagging reader: parked, pushes need not wake it (the
+    /// drained socket or the pacer will). Unparked, what was pushed
+    /// meanwhile woke nobody, so it is taken now.
+    fn repark(&mut self, stream: &TcpStream) -> Result<(), End> {
+        loop {
+            let (parked, out, handle, tenant) = self.parking();
+            let park = out.parks();
+            if park != *parked {
+                *parked = park;
+                handle.park(park);
+                if !park {
+                    self.take_and_send(stream)?;
+                    continue;
+                }
+            }
+            // A lagging reader: parked above, woken by the pacer.
+            if out.take_new_hold() {
+                tenant.metrics.lagging.increment(1);
+                tenant.sessions.hold(handle);
+            }
+            return Ok(());
+        }
+    }
 
     /// Leaves its channels and its tenant's registry, counts the end, and
     /// returns what must still be written: the backlog and the last frame.

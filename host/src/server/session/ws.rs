@@ -194,12 +194,6 @@ impl WsSession {
         }
     }
 
-    /// Takes what is queued and writes it (compressed as agreed).
-    fn take_and_send(&mut self, stream: &TcpStream) -> Result<(), End> {
-        let framing = Framing::Ws(self.limits.deflate);
-        load_and_flush(stream, &self.handle, &mut self.out, &self.tenant, framing)
-    }
-
     /// Asks the plugin about a subscription that waits for it.
     fn ask(&mut self, pending: Option<PendingSub>) {
         let Some(sub) = pending else { return };
@@ -224,6 +218,16 @@ impl WsSession {
 impl Serve for WsSession {
     fn waits(&self) -> (&SessionHandle, &Unwritten) {
         (&self.handle, &self.out)
+    }
+
+    fn parking(&mut self) -> (&mut bool, &mut Unwritten, &Arc<SessionHandle>, &Tenant) {
+        (&mut self.parked, &mut self.out, &self.handle, &self.tenant)
+    }
+
+    /// Takes what is queued and writes it (compressed as agreed).
+    fn take_and_send(&mut self, stream: &TcpStream) -> Result<(), End> {
+        let framing = Framing::Ws(self.limits.deflate);
+        load_and_flush(stream, &self.handle, &mut self.out, &self.tenant, framing)
     }
 
     /// The queue changed: send what it holds, unless a backlog is still
@@ -280,30 +284,6 @@ impl Serve for WsSession {
             self.ask(pending);
         }
         Ok(())
-    }
-
-    /// A backlog waits for the socket, or the writer holds off for a
-    /// lagging reader: parked, pushes need not wake us (the drained socket
-    /// or the pacer will). Unparked, what was pushed meanwhile woke nobody,
-    /// so it is taken now.
-    fn repark(&mut self, stream: &TcpStream) -> Result<(), End> {
-        loop {
-            let park = self.out.parks();
-            if park != self.parked {
-                self.parked = park;
-                self.handle.park(park);
-                if !park {
-                    self.take_and_send(stream)?;
-                    continue;
-                }
-            }
-            // A lagging reader: parked above, woken by the pacer.
-            if self.out.take_new_hold() {
-                self.tenant.metrics.lagging.increment(1);
-                self.tenant.sessions.hold(&self.handle);
-            }
-            return Ok(());
-        }
     }
 
     fn poll_own(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<(), End>>> {
