@@ -4,6 +4,7 @@
 //! kind, instead of spinning.
 
 use super::front_door;
+use super::inline_wake::InlineWake;
 use crate::metrics;
 use crate::server::Server;
 use std::future::Future;
@@ -82,8 +83,11 @@ pub(super) async fn accept_from(app: Arc<Server>, listener: impl Accept, router:
                 }
                 let app2 = app.clone();
                 let router = router.clone();
-                app.tracker
-                    .spawn(async move { front_door(app2, stream, peer, router, door).await });
+                // Hyper wakes its task from inside its poll on every request
+                // (inline_wake.rs): polled again there, not handed to another worker.
+                app.tracker.spawn(InlineWake::new(front_door(
+                    app2, stream, peer, router, door,
+                )));
             }
             Err(e) => {
                 let kind = classify_accept_error(&e);

@@ -19,6 +19,7 @@ pub use accept::{accept_loop, accept_tls};
 mod admission;
 pub mod head;
 mod http;
+mod inline_wake;
 mod peer_window;
 mod prefixed;
 pub mod session;
