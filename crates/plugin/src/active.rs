@@ -296,6 +296,7 @@ impl ActivePlugin {
         }
         let live = Live(self.live.clone());
         let mut store = self.runtime.store(&self.tenant, &self.config, self.limits);
+        let _ticking = self.runtime.guest_running();
         store.set_epoch_deadline(deadline_ticks(self.limits));
         let made = match &self.pre {
             Prepared::V0_2(pre) => pre.instantiate(&mut store).map(Bound::V0_2),
@@ -358,6 +359,7 @@ impl ActivePlugin {
         } else {
             full
         };
+        let ticking = self.runtime.guest_running();
         inst.store.set_epoch_deadline(ticks);
         let state = inst.store.data_mut();
         state.log_budget = LOGS_PER_CALL;
@@ -371,6 +373,7 @@ impl ActivePlugin {
         // syscall each way, beside a thread hop of ~30 µs).
         let cpu = (!inline).then(thread_cpu);
         let result = f(&mut inst.store, &inst.plugin);
+        drop(ticking);
         if let Some(before) = cpu {
             let took = thread_cpu().saturating_sub(before);
             CALLS_TOOK.set(Some(CALLS_TOOK.get().unwrap_or_default() + took));

@@ -10,6 +10,7 @@ use crate::{MEMORY_GUARD, MEMORY_RESERVATION};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
@@ -80,6 +81,84 @@ pub struct Runtime {
     artifacts: Option<artifacts::Cache>,
     /// Each tenant's share of the log (plugin log lines a second).
     log_rates: Mutex<HashMap<Arc<str>, Arc<logs::LogRate>>>,
+    clock: Arc<EpochClock>,
+}
+
+/// The epoch clock: a thread that advances the engine's epoch every
+/// [`EPOCH_TICK`] while guest code may run, and sleeps once no guest has
+/// run for [`EpochClock::IDLE_TICKS`] ticks (a node without plugin work
+/// does not wake a thousand times a second). Stops once the engine is gone.
+///
+/// Invariant: while a guest runs (a [`GuestRunning`] is held) the clock
+/// ticks, so every deadline is kept to within a tick: the holder counts
+/// itself in before it wakes the clock, and the clock counts the holders
+/// before it sleeps (a wake between the two makes its sleep return at once).
+pub(crate) struct EpochClock {
+    /// Guests running (instantiations and calls).
+    running: AtomicUsize,
+    /// Ticks so far: what tests read.
+    ticks: AtomicU64,
+    thread: std::thread::Thread,
+}
+
+impl EpochClock {
+    /// Ticks with no guest running before the clock sleeps.
+    pub(crate) const IDLE_TICKS: u32 = 100;
+    /// A sleeping clock still looks whether its engine is gone this often.
+    const SLEEP_CHECK: Duration = Duration::from_secs(1);
+
+    fn start(engine: &Engine) -> anyhow::Result<Arc<EpochClock>> {
+        let weak = engine.weak();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Arc<EpochClock>>(1);
+        let handle = std::thread::Builder::new()
+            .name("herald-epoch".into())
+            .spawn(move || {
+                let Ok(clock) = rx.recv() else { return };
+                let mut idle = 0;
+                loop {
+                    std::thread::sleep(EPOCH_TICK);
+                    match weak.upgrade() {
+                        Some(e) => e.increment_epoch(),
+                        None => return,
+                    }
+                    clock.ticks.fetch_add(1, Ordering::Relaxed);
+                    if clock.running.load(Ordering::SeqCst) > 0 {
+                        idle = 0;
+                        continue;
+                    }
+                    idle += 1;
+                    if idle >= EpochClock::IDLE_TICKS {
+                        // Returns at once when a guest started since the
+                        // last sleep (its wake is kept).
+                        std::thread::park_timeout(EpochClock::SLEEP_CHECK);
+                        idle = 0;
+                    }
+                }
+            })?;
+        let clock = Arc::new(EpochClock {
+            running: AtomicUsize::new(0),
+            ticks: AtomicU64::new(0),
+            thread: handle.thread().clone(),
+        });
+        tx.send(clock.clone())?;
+        Ok(clock)
+    }
+
+    fn enter(self: &Arc<Self>) -> GuestRunning {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        // An atomic swap when the clock is awake; a wake-up when it sleeps.
+        self.thread.unpark();
+        GuestRunning(self.clone())
+    }
+}
+
+/// Held while guest code may run: keeps the epoch clock ticking.
+pub(crate) struct GuestRunning(Arc<EpochClock>);
+
+impl Drop for GuestRunning {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -116,24 +195,26 @@ impl Runtime {
         })?;
         v2::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         v1::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
-        // The epoch clock: a thread that stops once the engine is gone.
-        let weak = engine.weak();
-        std::thread::Builder::new()
-            .name("herald-epoch".into())
-            .spawn(move || loop {
-                std::thread::sleep(EPOCH_TICK);
-                match weak.upgrade() {
-                    Some(e) => e.increment_epoch(),
-                    None => return,
-                }
-            })?;
+        let clock = EpochClock::start(&engine)?;
         Ok(Arc::new(Runtime {
             engine,
             linker,
+            clock,
             cache: Mutex::new(HashMap::new()),
             artifacts,
             log_rates: Mutex::new(HashMap::new()),
         }))
+    }
+
+    /// Keeps the epoch clock ticking until dropped: held around every
+    /// entry into guest code, before its deadline is set.
+    pub(crate) fn guest_running(&self) -> GuestRunning {
+        self.clock.enter()
+    }
+
+    /// Epoch ticks since the runtime started.
+    pub fn epoch_ticks(&self) -> u64 {
+        self.clock.ticks.load(Ordering::Relaxed)
     }
 
     /// Whether the component with this sha256 (hex) is compiled in memory.
@@ -345,6 +426,32 @@ mod tests {
             "{logged}"
         );
         assert!(logged.contains("wrote 27 bytes"), "{logged}");
+    }
+
+    /// An idle node's clock sleeps (it ticked a thousand times a second
+    /// with no plugin work at all); a guest that starts wakes it, and it
+    /// ticks for as long as one runs, however long since the last.
+    #[test]
+    fn the_epoch_clock_ticks_only_while_guests_may_run() {
+        let rt = Runtime::new().unwrap();
+        let tick_ms = EPOCH_TICK.as_millis() as u64;
+        let idle = u64::from(EpochClock::IDLE_TICKS) * tick_ms;
+        std::thread::sleep(Duration::from_millis(idle * 2 + 100));
+        let a = rt.epoch_ticks();
+        std::thread::sleep(Duration::from_millis(300));
+        let slept = rt.epoch_ticks() - a;
+        assert!(slept <= 2, "{slept} ticks in 300 ms with no guest");
+
+        let running = rt.guest_running();
+        // Longer than the idle bound: a call that runs on keeps it awake.
+        std::thread::sleep(Duration::from_millis(idle * 3));
+        let ran = rt.epoch_ticks() - a - slept;
+        assert!(
+            ran >= idle * 3 / tick_ms / 2,
+            "{ran} ticks in {} ms of a running guest",
+            idle * 3
+        );
+        drop(running);
     }
 
     #[test]

@@ -29,6 +29,9 @@ async fn hostile(fixture: &str, kind: &str) {
     h.activate(&bad, v["version"].as_i64().unwrap()).await;
 
     for round in 1..=2u64 {
+        // Long enough with no guest running for the epoch clock to sleep:
+        // the call must wake it, or a loop would never meet its deadline.
+        tokio::time::sleep(Duration::from_millis(300)).await;
         // transform fails: the batch is dead-lettered with its kind.
         let t = Instant::now();
         let (s, v) = h
