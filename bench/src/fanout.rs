@@ -38,6 +38,9 @@ pub const TARGET_RATIO_TO_NO_PLUGIN: f64 = 0.9;
 pub enum PublishMode {
     PerMessage,
     Native,
+    /// One message per request for every server, with or without a peer in
+    /// the run (a Herald against another build: the publish path's A/B).
+    Single,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -69,7 +72,8 @@ pub struct FanoutArgs {
     /// How a request carries messages when peers run: `per-message` (every
     /// server gets one message per request, as the peers' APIs require) or
     /// `native` (Herald and the raw baseline take each round's messages in one
-    /// request, their own batch API; the peers still get one per request).
+    /// request, their own batch API; the peers still get one per request);
+    /// `single`: one message per request whether or not peers run.
     #[arg(long, value_enum, default_value_t = PublishMode::PerMessage)]
     pub publish: PublishMode,
     /// Seconds of publishing.
@@ -444,7 +448,8 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
     }
     // Peers take one message per request; with a peer in the run every server
     // does, unless each may use its own API (`--publish native`).
-    let split = !args.peers.is_empty() && args.publish == PublishMode::PerMessage;
+    let split = args.publish == PublishMode::Single
+        || (!args.peers.is_empty() && args.publish == PublishMode::PerMessage);
     let shares_writes = args.batch > 1 || args.subs_per_conn > 1;
     let deadline = Instant::now() + args.common.deadline();
     println!(
