@@ -184,17 +184,21 @@ fn measure_transform(p: &ActivePlugin, batch: usize, secs: f64) -> anyhow::Resul
     })
 }
 
-async fn handshake(addr: SocketAddr, path: &str) -> anyhow::Result<u16> {
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
+async fn handshake(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .context("connect")?;
     let req = format!(
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
     );
-    s.write_all(req.as_bytes()).await?;
+    s.write_all(req.as_bytes())
+        .await
+        .context("send the request")?;
     let mut buf = [0u8; 512];
     let mut got = 0;
     loop {
-        let n = s.read(&mut buf[got..]).await?;
+        let n = s.read(&mut buf[got..]).await.context("read the answer")?;
         if n == 0 {
             break;
         }
@@ -203,12 +207,13 @@ async fn handshake(addr: SocketAddr, path: &str) -> anyhow::Result<u16> {
             break;
         }
     }
-    let status = std::str::from_utf8(&buf[..got])
-        .ok()
-        .and_then(|h| h.split_whitespace().nth(1))
+    let head = String::from_utf8_lossy(&buf[..got]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    Ok(status)
+    Ok((status, head.chars().take(300).collect()))
 }
 
 /// Creates tenant `jwt` on `target` with jwt-auth active; returns the path a
@@ -234,15 +239,23 @@ pub async fn connect_rate(
 ) -> anyhow::Result<(f64, usize)> {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let failed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // The first failure's reason: a run that fails says why.
+    let first = Arc::new(std::sync::Mutex::new(None::<String>));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
-        let (next, failed, path) = (next.clone(), failed.clone(), path.clone());
+        let (next, failed, path, first) =
+            (next.clone(), failed.clone(), path.clone(), first.clone());
         tasks.push(tokio::spawn(async move {
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
-                if !matches!(handshake(addr, &path).await, Ok(101)) {
-                    failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
+                let why = match handshake(addr, &path).await {
+                    Ok((101, _)) => continue,
+                    Ok((status, head)) => format!("status {status}: {head}"),
+                    Err(e) => format!("{e:#}"),
+                };
+                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mut first = first.lock().unwrap_or_else(|p| p.into_inner());
+                first.get_or_insert(why);
             }
         }));
     }
@@ -250,7 +263,11 @@ pub async fn connect_rate(
         t.await?;
     }
     let rate = n as f64 / start.elapsed().as_secs_f64();
-    Ok((rate, failed.load(std::sync::atomic::Ordering::Relaxed)))
+    let failed = failed.load(std::sync::atomic::Ordering::Relaxed);
+    if let Some(why) = first.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        println!("  {failed} of {n} handshakes failed; the first: {why}");
+    }
+    Ok((rate, failed))
 }
 
 pub async fn run(a: PluginArgs) -> anyhow::Result<()> {
