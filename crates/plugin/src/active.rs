@@ -28,7 +28,8 @@ mod transform;
 
 use lanes::thread_cpu;
 
-/// Instances kept idle per version; more are made under load and dropped after.
+/// Instances kept idle per version, at least (one per runtime worker if
+/// there are more); more are made under load and dropped after.
 const POOL_MAX: usize = 4;
 
 /// How long a call may hold a runtime worker. A jwt-auth call takes ~7 µs
@@ -37,6 +38,11 @@ const POOL_MAX: usize = 4;
 /// on the tenant's plugin threads, and if it is slow there too the
 /// version's later calls go there directly ([`ActivePlugin::run`]).
 pub const INLINE_BUDGET: Duration = Duration::from_millis(2);
+
+/// How long an inline call that found every instance busy waits for one to
+/// come back (an inline call holds one for at most [`INLINE_BUDGET`])
+/// before it goes to the plugin threads to have one made.
+const COLD_WAIT: Duration = Duration::from_millis(5);
 
 /// How a version moved off the workers for being slow earns its way back:
 /// each offloaded call under a quarter of the inline budget adds one, one
@@ -157,9 +163,13 @@ pub struct ActivePlugin {
     tenant: Arc<str>,
     config: Arc<str>,
     pool: Mutex<Vec<Loaded>>,
+    /// Told each time an instance goes back to the pool.
+    returned: tokio::sync::Notify,
     /// Instances in existence (pooled or in a call).
     live: Arc<AtomicUsize>,
     max_live: usize,
+    /// Instances kept idle: [`POOL_MAX`], or one per runtime worker.
+    pool_max: usize,
     /// The tenant's plugin threads: calls off the runtime hold a permit.
     threads: Arc<Semaphore>,
     waiting: AtomicUsize,
@@ -211,10 +221,12 @@ impl ActivePlugin {
             tenant: a.tenant,
             config: a.config,
             pool: Mutex::new(Vec::new()),
+            returned: tokio::sync::Notify::new(),
             live: Arc::new(AtomicUsize::new(0)),
             // The tenant's threads, one inline call per runtime worker and
             // the activation's own `describe`.
             max_live: a.limits.threads + runtime_workers() + 1,
+            pool_max: runtime_workers().max(POOL_MAX),
             threads: Arc::new(Semaphore::new(a.limits.threads.max(1))),
             waiting: AtomicUsize::new(0),
             mode: AtomicU8::new(INLINE),
@@ -241,7 +253,7 @@ impl ActivePlugin {
     /// Called by the load that is to serve (not by an upload's check, whose
     /// instances would be dropped at once).
     pub fn premake(&self) -> Result<(), PluginError> {
-        let want = runtime_workers().min(POOL_MAX);
+        let want = runtime_workers().min(self.pool_max);
         while self.pool.lock().len() < want {
             let made = self.instantiate()?;
             self.pool.lock().push(made);
@@ -283,6 +295,12 @@ impl ActivePlugin {
     /// Instances of this version in existence (pooled or in a call).
     pub fn live_instances(&self) -> usize {
         self.live.load(Ordering::Acquire)
+    }
+
+    /// At least one instance per runtime worker exists: one that is not
+    /// pooled is in a call and comes back when it ends.
+    fn instances_busy(&self) -> bool {
+        self.live_instances() >= runtime_workers()
     }
 
     fn instantiate(&self) -> Result<Loaded, PluginError> {
@@ -396,8 +414,10 @@ impl ActivePlugin {
                 let st = inst.store.data();
                 if st.limiter.total <= self.limits.memory_bytes / 4 * 3 {
                     let mut pool = self.pool.lock();
-                    if pool.len() < POOL_MAX {
+                    if pool.len() < self.pool_max {
                         pool.push(inst);
+                        drop(pool);
+                        self.returned.notify_one();
                     }
                 }
                 Ok(v)
@@ -493,10 +513,12 @@ impl ActivePlugin {
 
 /// The inline budget in epoch ticks (a deadline of n ticks fires between
 /// n - 1 and n ticks from now).
-/// The runtime's worker threads (one per core), each of which may be in one
-/// inline call at a time.
+/// The runtime's worker threads, each of which may be in one inline call at
+/// a time: the runtime's count when called on it (`--worker-threads` may
+/// exceed the cores), never fewer than the cores.
 fn runtime_workers() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get())
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    tokio::runtime::Handle::try_current().map_or(cores, |h| h.metrics().num_workers().max(cores))
 }
 
 fn inline_ticks() -> u64 {

@@ -78,3 +78,38 @@ async fn storm(h: &Host, after: &str) -> Vec<Ws> {
     }
     tries.into_iter().flatten().collect()
 }
+
+/// A burst of connections on a runtime with more workers than the machine
+/// has cores (`--worker-threads`): each worker may be in an inline call at
+/// once, so a version needs an instance per worker. It made one per core,
+/// and the calls that found none pooled went to the tenant's plugin threads,
+/// each to have an instance made there while the burst filled their queue
+/// (refused with 503 `plugin_busy`). Now it makes one per runtime worker,
+/// and an inline call that finds every instance in a call waits for one to
+/// come back before it goes to the plugin threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_is_served_by_the_workers_whatever_their_number() {
+    let h = spawn_host().await;
+    let limits = json!({"plugin_threads": 1, "plugin_queue": 8,
+        "connection_share_percent": 100, "max_connections_per_address": 100_000});
+    h.tenant(json!({"id": "sw", "access": "plugin", "limits": limits}))
+        .await;
+    // authorize-connect spins ~50 µs: calls overlap on the workers.
+    let spin = "i32.const 50000 global.set $n
+    loop global.get $n i32.const 1 i32.sub global.set $n global.get $n br_if 0 end";
+    let bytes = crate::sandbox::component_with("(global $n (mut i32) (i32.const 0))", "", spin);
+    let (s, v) = h.upload_plugin("sw", bytes).await;
+    assert_eq!(s, 201, "{v}");
+    h.activate("sw", v["version"].as_i64().unwrap()).await;
+    for round in 0..8 {
+        let tries = futures_util::future::join_all((0..150).map(|_| h.ws_with("sw", ""))).await;
+        let refused: Vec<_> = tries.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(
+            refused.is_empty(),
+            "round {round}: {} of 150 refused, e.g. {:?}",
+            refused.len(),
+            refused[0]
+        );
+    }
+    h.stop().await;
+}

@@ -54,6 +54,7 @@ const MODULE: &str = r#"(module
   (func (;4;) (type 2) (param i32))
   ;; result<session, denial> at 3072: ok, subject "sandbox", no audience or attributes
   (func (;5;) (type 4) (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)
+    {connect}
     i32.const 3072)
   (func (;6;) (type 2) (param i32))
   ;; result<_, denial> at 2048, all zeros: ok; the channel "x" traps
@@ -97,11 +98,19 @@ const MODULE: &str = r#"(module
 
 /// A plugin component built from [`MODULE`].
 pub fn component(extra: &str, init: &str) -> Vec<u8> {
+    component_with(extra, init, "")
+}
+
+/// [`component`] whose authorize-connect runs `connect` first.
+pub fn component_with(extra: &str, init: &str, connect: &str) -> Vec<u8> {
     let wit = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk/wit");
     let mut resolve = Resolve::default();
     let (pkg, _) = resolve.push_path(&wit).expect("the plugin WIT");
     let world = resolve.select_world(&[pkg], Some("plugin")).unwrap();
-    let text = MODULE.replace("{extra}", extra).replace("{init}", init);
+    let text = MODULE
+        .replace("{extra}", extra)
+        .replace("{init}", init)
+        .replace("{connect}", connect);
     let mut core = wat::parse_str(&text).unwrap();
     wit_component::embed_component_metadata(
         &mut core,

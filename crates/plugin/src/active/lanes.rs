@@ -3,8 +3,8 @@
 //! a version moves between the two (`run`, `offload`, `settle`, `demote`).
 
 use super::{
-    moved, ActivePlugin, Patience, PluginError, Waiting, BLOCKING, CALLS_TOOK, FAST_STREAK, INLINE,
-    INLINE_BUDGET, INLINE_CALL, MIDDLING_COST, SLOW,
+    moved, ActivePlugin, Patience, PluginError, Waiting, BLOCKING, CALLS_TOOK, COLD_WAIT,
+    FAST_STREAK, INLINE, INLINE_BUDGET, INLINE_CALL, MIDDLING_COST, SLOW,
 };
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
@@ -32,7 +32,8 @@ impl ActivePlugin {
         patience: Patience,
         f: impl Fn(&ActivePlugin) -> Result<R, PluginError> + Send + 'static,
     ) -> Result<R, PluginError> {
-        if self.mode.load(Ordering::Relaxed) == INLINE {
+        let mut waited = false;
+        while self.mode.load(Ordering::Relaxed) == INLINE {
             let was = INLINE_CALL.replace(true);
             let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(self)));
             INLINE_CALL.set(was);
@@ -44,8 +45,19 @@ impl ActivePlugin {
                     }
                     return r;
                 }
-                // No pooled instance: this call makes one on a plugin thread.
-                Ok(Err(PluginError::Cold)) => {}
+                // No pooled instance, but as many as the workers call at once
+                // are live: one is in a call and comes back soon. Waiting for
+                // it (once) keeps a burst of calls on the workers; sent to the
+                // plugin threads instead, each would wait there for an
+                // instance to be made, hold it meanwhile, and a burst would
+                // fill their queue (JavaScript's swap storm: 50-156 of 4,000
+                // reconnections refused with plugin_busy).
+                Ok(Err(PluginError::Cold)) if !waited && self.instances_busy() => {
+                    waited = true;
+                    let _ = tokio::time::timeout(COLD_WAIT, self.returned.notified()).await;
+                }
+                // Too few instances: this call makes one on a plugin thread.
+                Ok(Err(PluginError::Cold)) => break,
                 Ok(r) => return r,
                 Err(_) => self.demote(BLOCKING, "host_panic"),
             }
