@@ -511,8 +511,6 @@ impl ActivePlugin {
     }
 }
 
-/// The inline budget in epoch ticks (a deadline of n ticks fires between
-/// n - 1 and n ticks from now).
 /// The runtime's worker threads, each of which may be in one inline call at
 /// a time: the runtime's count when called on it (`--worker-threads` may
 /// exceed the cores), never fewer than the cores.
@@ -521,6 +519,8 @@ fn runtime_workers() -> usize {
     tokio::runtime::Handle::try_current().map_or(cores, |h| h.metrics().num_workers().max(cores))
 }
 
+/// The inline budget in epoch ticks (a deadline of n ticks fires between
+/// n - 1 and n ticks from now).
 fn inline_ticks() -> u64 {
     (INLINE_BUDGET.as_millis() as u64 / EPOCH_TICK.as_millis() as u64).max(1) + 1
 }

@@ -50,7 +50,7 @@ impl ActivePlugin {
                 // it (once) keeps a burst of calls on the workers; sent to the
                 // plugin threads instead, each would wait there for an
                 // instance to be made, hold it meanwhile, and a burst would
-                // fill their queue (JavaScript's swap storm: 50-156 of 4,000
+                // fill their queue (JavaScript's swap storm: 10-169 of 4,000
                 // reconnections refused with plugin_busy).
                 Ok(Err(PluginError::Cold)) if !waited && self.instances_busy() => {
                     waited = true;
