@@ -168,6 +168,9 @@ pub struct ActivePlugin {
     /// Instances in existence (pooled or in a call).
     live: Arc<AtomicUsize>,
     max_live: usize,
+    /// The runtime's workers when the version was loaded: each may be in
+    /// one inline call at a time, so the version makes one instance each.
+    workers: usize,
     /// Instances kept idle: [`POOL_MAX`], or one per runtime worker.
     pool_max: usize,
     /// The tenant's plugin threads: calls off the runtime hold a permit.
@@ -202,6 +205,7 @@ impl ActivePlugin {
         a: Activation,
     ) -> Result<Arc<ActivePlugin>, PluginError> {
         let pre = runtime.prepare(component)?;
+        let workers = runtime_workers();
         let mut active = ActivePlugin {
             version: a.version,
             sha256: a.sha256,
@@ -225,8 +229,9 @@ impl ActivePlugin {
             live: Arc::new(AtomicUsize::new(0)),
             // The tenant's threads, one inline call per runtime worker and
             // the activation's own `describe`.
-            max_live: a.limits.threads + runtime_workers() + 1,
-            pool_max: runtime_workers().max(POOL_MAX),
+            max_live: a.limits.threads + workers + 1,
+            workers,
+            pool_max: workers.max(POOL_MAX),
             threads: Arc::new(Semaphore::new(a.limits.threads.max(1))),
             waiting: AtomicUsize::new(0),
             mode: AtomicU8::new(INLINE),
@@ -253,8 +258,7 @@ impl ActivePlugin {
     /// Called by the load that is to serve (not by an upload's check, whose
     /// instances would be dropped at once).
     pub fn premake(&self) -> Result<(), PluginError> {
-        let want = runtime_workers().min(self.pool_max);
-        while self.pool.lock().len() < want {
+        while self.pool.lock().len() < self.workers {
             let made = self.instantiate()?;
             self.pool.lock().push(made);
         }
@@ -300,7 +304,7 @@ impl ActivePlugin {
     /// At least one instance per runtime worker exists: one that is not
     /// pooled is in a call and comes back when it ends.
     fn instances_busy(&self) -> bool {
-        self.live_instances() >= runtime_workers()
+        self.live_instances() >= self.workers
     }
 
     fn instantiate(&self) -> Result<Loaded, PluginError> {

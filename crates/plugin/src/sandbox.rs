@@ -81,7 +81,7 @@ pub struct Runtime {
     artifacts: Option<artifacts::Cache>,
     /// Each tenant's share of the log (plugin log lines a second).
     log_rates: Mutex<HashMap<Arc<str>, Arc<logs::LogRate>>>,
-    clock: Arc<EpochClock>,
+    clock: EpochClock,
 }
 
 /// The epoch clock: a thread that advances the engine's epoch every
@@ -94,11 +94,16 @@ pub struct Runtime {
 /// itself in before it wakes the clock, and the clock counts the holders
 /// before it sleeps (a wake between the two makes its sleep return at once).
 pub(crate) struct EpochClock {
+    counts: Arc<ClockCounts>,
+    thread: std::thread::Thread,
+}
+
+/// What the clock's thread and the guests' entries share.
+struct ClockCounts {
     /// Guests running (instantiations and calls).
     running: AtomicUsize,
     /// Ticks so far: what tests read.
     ticks: AtomicU64,
-    thread: std::thread::Thread,
 }
 
 impl EpochClock {
@@ -107,13 +112,16 @@ impl EpochClock {
     /// A sleeping clock still looks whether its engine is gone this often.
     const SLEEP_CHECK: Duration = Duration::from_secs(1);
 
-    fn start(engine: &Engine) -> anyhow::Result<Arc<EpochClock>> {
+    fn start(engine: &Engine) -> anyhow::Result<EpochClock> {
         let weak = engine.weak();
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Arc<EpochClock>>(1);
+        let counts = Arc::new(ClockCounts {
+            running: AtomicUsize::new(0),
+            ticks: AtomicU64::new(0),
+        });
+        let seen = counts.clone();
         let handle = std::thread::Builder::new()
             .name("herald-epoch".into())
             .spawn(move || {
-                let Ok(clock) = rx.recv() else { return };
                 let mut idle = 0;
                 loop {
                     std::thread::sleep(EPOCH_TICK);
@@ -121,8 +129,8 @@ impl EpochClock {
                         Some(e) => e.increment_epoch(),
                         None => return,
                     }
-                    clock.ticks.fetch_add(1, Ordering::Relaxed);
-                    if clock.running.load(Ordering::SeqCst) > 0 {
+                    seen.ticks.fetch_add(1, Ordering::Relaxed);
+                    if seen.running.load(Ordering::SeqCst) > 0 {
                         idle = 0;
                         continue;
                     }
@@ -135,25 +143,22 @@ impl EpochClock {
                     }
                 }
             })?;
-        let clock = Arc::new(EpochClock {
-            running: AtomicUsize::new(0),
-            ticks: AtomicU64::new(0),
+        Ok(EpochClock {
+            counts,
             thread: handle.thread().clone(),
-        });
-        tx.send(clock.clone())?;
-        Ok(clock)
+        })
     }
 
-    fn enter(self: &Arc<Self>) -> GuestRunning {
-        self.running.fetch_add(1, Ordering::SeqCst);
+    fn enter(&self) -> GuestRunning {
+        self.counts.running.fetch_add(1, Ordering::SeqCst);
         // An atomic swap when the clock is awake; a wake-up when it sleeps.
         self.thread.unpark();
-        GuestRunning(self.clone())
+        GuestRunning(self.counts.clone())
     }
 }
 
 /// Held while guest code may run: keeps the epoch clock ticking.
-pub(crate) struct GuestRunning(Arc<EpochClock>);
+pub(crate) struct GuestRunning(Arc<ClockCounts>);
 
 impl Drop for GuestRunning {
     fn drop(&mut self) {
@@ -214,7 +219,7 @@ impl Runtime {
 
     /// Epoch ticks since the runtime started.
     pub fn epoch_ticks(&self) -> u64 {
-        self.clock.ticks.load(Ordering::Relaxed)
+        self.clock.counts.ticks.load(Ordering::Relaxed)
     }
 
     /// Whether the component with this sha256 (hex) is compiled in memory.
