@@ -5,7 +5,7 @@
 //! one call per instance at a time; an instance that failed (trap, timeout,
 //! memory) is dropped, never returned to the pool; an instance whose memory
 //! passed the high-water mark is recycled after its call; a version has at
-//! most `threads + cores + 1` live instances (so its memory is bounded by
+//! most `threads + workers + 1` live instances (`workers`: the runtime's) (so its memory is bounded by
 //! that many caps); a call holds a runtime worker for at most the inline
 //! budget, never its deadline; a hot swap replaces the whole `ActivePlugin`,
 //! so calls in flight finish on the version they started on.
@@ -39,10 +39,11 @@ const POOL_MAX: usize = 4;
 /// version's later calls go there directly ([`ActivePlugin::run`]).
 pub const INLINE_BUDGET: Duration = Duration::from_millis(2);
 
-/// How long an inline call that found every instance busy waits for one to
-/// come back (an inline call holds one for at most [`INLINE_BUDGET`])
-/// before it goes to the plugin threads to have one made.
-const COLD_WAIT: Duration = Duration::from_millis(5);
+/// How long an inline call that found every instance busy waits in all for
+/// one to come back (an inline call holds one for the [`INLINE_BUDGET`] at
+/// most, and a worker the kernel preempted a few ms more) before it goes to
+/// the plugin threads to have one made.
+const COLD_WAIT: Duration = Duration::from_millis(20);
 
 /// How a version moved off the workers for being slow earns its way back:
 /// each offloaded call under a quarter of the inline budget adds one, one
@@ -144,10 +145,11 @@ impl Drop for Live {
     }
 }
 
-/// Counts a call waiting for a plugin thread while it waits.
-struct Waiting<'a>(&'a AtomicUsize);
+/// Takes one off a count it was added to when dropped: a call waiting for
+/// a plugin thread, a call having an instance made.
+struct Counted<'a>(&'a AtomicUsize);
 
-impl Drop for Waiting<'_> {
+impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
@@ -167,6 +169,9 @@ pub struct ActivePlugin {
     returned: tokio::sync::Notify,
     /// Instances in existence (pooled or in a call).
     live: Arc<AtomicUsize>,
+    /// Inline calls that found too few instances, sent to the plugin
+    /// threads to have one made (counted from before they get a thread).
+    making: AtomicUsize,
     max_live: usize,
     /// The runtime's workers when the version was loaded: each may be in
     /// one inline call at a time, so the version makes one instance each.
@@ -227,6 +232,7 @@ impl ActivePlugin {
             pool: Mutex::new(Vec::new()),
             returned: tokio::sync::Notify::new(),
             live: Arc::new(AtomicUsize::new(0)),
+            making: AtomicUsize::new(0),
             // The tenant's threads, one inline call per runtime worker and
             // the activation's own `describe`.
             max_live: a.limits.threads + workers + 1,
@@ -301,10 +307,11 @@ impl ActivePlugin {
         self.live.load(Ordering::Acquire)
     }
 
-    /// At least one instance per runtime worker exists: one that is not
-    /// pooled is in a call and comes back when it ends.
+    /// At least one instance per runtime worker exists or is being made:
+    /// one that is not pooled is in a call, or in the making, and comes to
+    /// the pool when that ends.
     fn instances_busy(&self) -> bool {
-        self.live_instances() >= self.workers
+        self.live_instances() + self.making.load(Ordering::Acquire) >= self.workers
     }
 
     fn instantiate(&self) -> Result<Loaded, PluginError> {

@@ -62,6 +62,16 @@ async fn a_swap_refuses_none_of_the_reconnections_it_causes() {
 async fn storm(h: &Host, after: &str) -> Vec<Ws> {
     let tries =
         futures_util::future::join_all((0..150).map(|_| h.ws_with("sw", "token=tok-bob"))).await;
+    all_let_in(h, tries, after).await
+}
+
+/// The sessions of a storm's `tries`, or a panic naming how many were
+/// refused after `after`, one refusal and the version's moves between lanes.
+async fn all_let_in(
+    h: &Host,
+    tries: Vec<Result<Ws, (u16, serde_json::Value)>>,
+    after: &str,
+) -> Vec<Ws> {
     let refused: Vec<_> = tries.iter().filter_map(|r| r.as_ref().err()).collect();
     if !refused.is_empty() {
         let metrics = h.http.get(h.url("/metrics")).send().await.unwrap();
@@ -71,8 +81,9 @@ async fn storm(h: &Host, after: &str) -> Vec<Ws> {
             .filter(|l| l.starts_with("herald_plugin_call_moves_total"))
             .collect();
         panic!(
-            "{} of 150 clients refused after {after}, e.g. {:?}; moves between lanes: {lanes:?}",
+            "{} of {} clients refused after {after}, e.g. {:?}; moves between lanes: {lanes:?}",
             refused.len(),
+            tries.len(),
             refused[0]
         );
     }
@@ -84,9 +95,15 @@ async fn storm(h: &Host, after: &str) -> Vec<Ws> {
 /// once, so a version needs an instance per worker. It made one per core,
 /// and the calls that found none pooled went to the tenant's plugin threads,
 /// each to have an instance made there while the burst filled their queue
-/// (refused with 503 `plugin_busy`). Now it makes one per runtime worker,
-/// and an inline call that finds every instance in a call waits for one to
-/// come back before it goes to the plugin threads.
+/// (refused with 503 `plugin_busy`): 3 of 5 runs failed. It makes one per
+/// runtime worker now, and an inline call that finds every instance in a
+/// call waits for one to come back before it goes to the plugin threads.
+/// With that wait made once only (5 ms), a call whose instance was cut at
+/// the budget (a worker preempted on two cores) left too few, each call
+/// that found none went to have one made, and 5 of 60 runs still refused
+/// 3-12 (CI too): the wait now lasts up to 20 ms in all, and a call sent to
+/// have an instance made counts as one, so the calls behind it wait for it
+/// (0 of 60 runs, 0 of 30 beside a process spinning on one core).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_burst_is_served_by_the_workers_whatever_their_number() {
     let h = spawn_host().await;
@@ -103,13 +120,7 @@ async fn a_burst_is_served_by_the_workers_whatever_their_number() {
     h.activate("sw", v["version"].as_i64().unwrap()).await;
     for round in 0..8 {
         let tries = futures_util::future::join_all((0..150).map(|_| h.ws_with("sw", ""))).await;
-        let refused: Vec<_> = tries.iter().filter_map(|r| r.as_ref().err()).collect();
-        assert!(
-            refused.is_empty(),
-            "round {round}: {} of 150 refused, e.g. {:?}",
-            refused.len(),
-            refused[0]
-        );
+        all_let_in(&h, tries, &format!("round {round}")).await;
     }
     h.stop().await;
 }

@@ -3,7 +3,7 @@
 //! a version moves between the two (`run`, `offload`, `settle`, `demote`).
 
 use super::{
-    moved, ActivePlugin, Patience, PluginError, Waiting, BLOCKING, CALLS_TOOK, COLD_WAIT,
+    moved, ActivePlugin, Counted, Patience, PluginError, BLOCKING, CALLS_TOOK, COLD_WAIT,
     FAST_STREAK, INLINE, INLINE_BUDGET, INLINE_CALL, MIDDLING_COST, SLOW,
 };
 use std::panic::AssertUnwindSafe;
@@ -32,7 +32,7 @@ impl ActivePlugin {
         patience: Patience,
         f: impl Fn(&ActivePlugin) -> Result<R, PluginError> + Send + 'static,
     ) -> Result<R, PluginError> {
-        let mut waited = false;
+        let mut wait_until = None;
         while self.mode.load(Ordering::Relaxed) == INLINE {
             let was = INLINE_CALL.replace(true);
             let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(self)));
@@ -45,19 +45,32 @@ impl ActivePlugin {
                     }
                     return r;
                 }
-                // No pooled instance, but as many as the workers call at once
-                // are live: one is in a call and comes back soon. Waiting for
-                // it (once) keeps a burst of calls on the workers; sent to the
-                // plugin threads instead, each would wait there for an
-                // instance to be made, hold it meanwhile, and a burst would
-                // fill their queue (JavaScript's swap storm: 10-169 of 4,000
-                // reconnections refused with plugin_busy).
-                Ok(Err(PluginError::Cold)) if !waited && self.instances_busy() => {
-                    waited = true;
-                    let _ = tokio::time::timeout(COLD_WAIT, self.returned.notified()).await;
+                // No pooled instance, but one per worker exists or is being
+                // made: one is in a call and comes back soon. Waiting for it
+                // (up to COLD_WAIT in all: a call that finds the one handed
+                // back taken by another waits again) keeps a burst of calls
+                // on the workers; sent to the plugin threads instead, each
+                // would have an instance made there, hold it meanwhile, and
+                // a burst would fill their queue (JavaScript's swap storm:
+                // 10-169 of 4,000 reconnections refused with plugin_busy).
+                Ok(Err(PluginError::Cold)) if self.instances_busy() => {
+                    let until =
+                        *wait_until.get_or_insert_with(|| tokio::time::Instant::now() + COLD_WAIT);
+                    if tokio::time::timeout_at(until, self.returned.notified())
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
                 }
-                // Too few instances: this call makes one on a plugin thread.
-                Ok(Err(PluginError::Cold)) => break,
+                // Too few instances: this call has one made on a plugin
+                // thread, and counts as it meanwhile, so the calls behind it
+                // wait for it instead of each having one more made.
+                Ok(Err(PluginError::Cold)) => {
+                    self.making.fetch_add(1, Ordering::AcqRel);
+                    let _making = Counted(&self.making);
+                    return self.offload(patience, f).await;
+                }
                 Ok(r) => return r,
                 Err(_) => self.demote(BLOCKING, "host_panic"),
             }
@@ -87,7 +100,7 @@ impl ActivePlugin {
             Ok(p) => p,
             Err(_) => {
                 let ahead = self.waiting.fetch_add(1, Ordering::AcqRel);
-                let _waiting = Waiting(&self.waiting);
+                let _waiting = Counted(&self.waiting);
                 if patience == Patience::Bounded && ahead >= self.limits.queue {
                     if self.busy_logged.due(1000) {
                         tracing::warn!(tenant = %self.tenant, version = self.version, threads = self.limits.threads, queue = self.limits.queue, "plugin threads and queue full: refusing calls with plugin_busy (logged once a second)");
