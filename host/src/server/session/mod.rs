@@ -9,7 +9,7 @@
 //! [`End`]. Invariants: an idle session holds no read or write buffer, no
 //! timer and no future of its own (reads go through a stack buffer inside a
 //! synchronous step; a partial frame is the only thing kept); everything
-//! queued is written with as few `writev` calls as possible; the session
+//! queued is written with as few `send`/`sendmsg` calls as possible; the session
 //! never waits on anything but its own socket, its queue and, while a
 //! subscription is asked about, its plugin's verdict; on every exit path it
 //! leaves all channels and releases its slot.

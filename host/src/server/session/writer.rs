@@ -1,5 +1,5 @@
 //! The writer both kinds of session share: what was taken from the queue and
-//! not yet written, `writev` of shared frames, the last words before close,
+//! not yet written, `send` of shared frames, the last words before close,
 //! and the session's waits ([`poll_wake`]).
 //!
 //! Invariants: a frame is borrowed from the channel's encoded `Bytes`, never
@@ -21,8 +21,21 @@ use std::time::Duration;
 use tokio::io::{AsyncWriteExt, Ready};
 use tokio::net::TcpStream;
 
-/// Slices handed to one `writev`.
+/// Slices handed to one `sendmsg`.
 const MAX_IOV: usize = 64;
+
+/// Writes `slices` as the socket takes them, without waiting: `send` for
+/// one (most writes: a frame of a quiet channel), `sendmsg` for several.
+/// Not `writev`: a socket's write through the file layer pays for the
+/// file's position lock and `vfs_writev` on every frame (0.57 µs more per
+/// frame than a `send` in the profile against the bench's raw server).
+fn send(stream: &TcpStream, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+    let sock = socket2::SockRef::from(stream);
+    stream.try_io(tokio::io::Interest::WRITABLE, || match slices {
+        [one] => sock.send(one),
+        many => sock.send_vectored(many),
+    })
+}
 
 /// Bytes written between two looks at the peer's receive window.
 const WINDOW_CHECK_BYTES: u32 = 16 * 1024;
@@ -179,7 +192,7 @@ impl Unwritten {
             for (slot, b) in slices.iter_mut().zip(self.bufs.iter()) {
                 *slot = IoSlice::new(b);
             }
-            match stream.try_write_vectored(&slices[..n]) {
+            match send(stream, &slices[..n]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(mut written) => {
                     *writes += 1;
@@ -342,7 +355,7 @@ pub(super) fn send_queued(
 }
 
 /// Writes queued WebSocket frames straight from the shared buffers with one
-/// `writev`; only what the socket did not take is copied into the outbox.
+/// `send`; only what the socket did not take is copied into the outbox.
 fn write_direct(
     stream: &TcpStream,
     items: VecDeque<Item>,
@@ -382,7 +395,7 @@ fn write_direct(
     for (slot, it) in slices.iter_mut().zip(items.iter()) {
         *slot = IoSlice::new(wire(it, deflate));
     }
-    let mut written = match stream.try_write_vectored(&slices[..n]) {
+    let mut written = match send(stream, &slices[..n]) {
         Ok(w) => {
             tenant.metrics.writes.increment(1);
             out.wrote(w, stream);
