@@ -69,14 +69,27 @@ impl AsyncWrite for Prefixed {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         if self.discarding() {
             return Poll::Ready(Ok(bufs.iter().map(|b| b.len()).sum()));
         }
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        // `sendmsg`, not the `writev` tokio would make: a response's head
+        // and body (two slices) skip the file layer, as frames do
+        // (session/writer.rs).
+        let sock = socket2::SockRef::from(&self.inner);
+        loop {
+            std::task::ready!(self.inner.poll_write_ready(cx))?;
+            match self
+                .inner
+                .try_io(tokio::io::Interest::WRITABLE, || sock.send_vectored(bufs))
+            {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                r => return Poll::Ready(r),
+            }
+        }
     }
     fn is_write_vectored(&self) -> bool {
         true
