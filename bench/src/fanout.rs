@@ -26,13 +26,43 @@ pub use drive::{drain, publish_plan, start};
 use report::*;
 
 /// Herald must reach this share of the same-run one-write-per-frame limit.
-pub const TARGET_RATIO_TO_RAW: f64 = 0.9;
+pub const TARGET_RATIO_TO_RAW: f64 = 0.95;
 /// Herald / nchan frames per server CPU-second where each frame needs its own write…
 pub const TARGET_RATIO_TO_NCHAN: f64 = 1.2;
-/// …and where frames can share a write (batches, several channels per connection).
+/// …where frames can share a write (batches, several channels per connection)…
 pub const TARGET_RATIO_TO_NCHAN_SHARED: f64 = 3.0;
+/// …and where the publish requests are most of the work (one message per
+/// request, ten subscribers per channel or fewer).
+pub const TARGET_RATIO_TO_NCHAN_PUBLISH: f64 = 1.0;
+/// Herald / uWebSockets where each frame needs its own write.
+pub const TARGET_RATIO_TO_UWS: f64 = 1.2;
 /// With a plugin, within 10 % of the same Herald without it.
 pub const TARGET_RATIO_TO_NO_PLUGIN: f64 = 0.9;
+
+/// What a fan-out run mostly costs the server, which decides the targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Load {
+    /// Frames share writes (batches, several channels per connection).
+    SharedWrites,
+    /// A write per frame, many subscribers per publish request.
+    PerFrame,
+    /// A write per frame, ten subscribers per channel or fewer: the publish
+    /// requests are most of the work.
+    PublishBound,
+}
+
+impl Load {
+    fn of(args: &FanoutArgs) -> Load {
+        let per_channel = (args.subs * args.subs_per_conn) / args.channels.max(1);
+        if args.batch > 1 || args.subs_per_conn > 1 {
+            Load::SharedWrites
+        } else if per_channel <= 10 {
+            Load::PublishBound
+        } else {
+            Load::PerFrame
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PublishMode {
@@ -317,12 +347,14 @@ pub fn breaks(drained: bool, lost: u64, p99_us: Option<u64>, break_p99_ms: f64, 
 }
 
 /// The ratio Herald must reach against a server of this label, if any.
-pub fn target_ratio(label: &str, shares_writes: bool) -> Option<f64> {
-    match label {
-        "raw" => Some(TARGET_RATIO_TO_RAW),
-        "nchan" if shares_writes => Some(TARGET_RATIO_TO_NCHAN_SHARED),
-        "nchan" => Some(TARGET_RATIO_TO_NCHAN),
-        "herald-no-plugin" => Some(TARGET_RATIO_TO_NO_PLUGIN),
+pub fn target_ratio(label: &str, load: Load) -> Option<f64> {
+    match (label, load) {
+        ("raw", _) => Some(TARGET_RATIO_TO_RAW),
+        ("nchan", Load::SharedWrites) => Some(TARGET_RATIO_TO_NCHAN_SHARED),
+        ("nchan", Load::PerFrame) => Some(TARGET_RATIO_TO_NCHAN),
+        ("nchan", Load::PublishBound) => Some(TARGET_RATIO_TO_NCHAN_PUBLISH),
+        ("uws", Load::PerFrame) => Some(TARGET_RATIO_TO_UWS),
+        ("herald-no-plugin", _) => Some(TARGET_RATIO_TO_NO_PLUGIN),
         _ => None,
     }
 }
@@ -450,7 +482,7 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
     // does, unless each may use its own API (`--publish native`).
     let split = args.publish == PublishMode::Single
         || (!args.peers.is_empty() && args.publish == PublishMode::PerMessage);
-    let shares_writes = args.batch > 1 || args.subs_per_conn > 1;
+    let load = Load::of(&args);
     let deadline = Instant::now() + args.common.deadline();
     println!(
         "fanout: {} {} subscriber connection(s), {} channel(s), {} sub(s) each; {} msg/s per channel for {} s, {} per request{}, {} B payloads; servers: {}",
@@ -481,7 +513,7 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
                 println!("round {} of {}:", round + 1, args.repeat);
             }
             let outcomes = round_at(&args, &plan, &servers, &mut broken, split, deadline).await?;
-            let ratios = summarize(rate, &outcomes, shares_writes);
+            let ratios = summarize(rate, &outcomes, load);
             for o in &outcomes {
                 let mut line = json!({
                     "scenario": "fanout",
@@ -506,7 +538,7 @@ pub async fn run(mut args: FanoutArgs) -> anyhow::Result<()> {
             all.extend(outcomes);
         }
         if pairs.len() > 1 {
-            print_medians(rate, &pairs, shares_writes);
+            print_medians(rate, &pairs, load);
         }
     }
     if rates.len() > 1 {

@@ -169,7 +169,7 @@ pub(super) fn print_outcome(o: &Outcome) {
 pub(super) fn summarize(
     rate: f64,
     outcomes: &[Outcome],
-    shares_writes: bool,
+    load: Load,
 ) -> serde_json::Map<String, serde_json::Value> {
     let mut ratios = serde_json::Map::new();
     println!("summary at {rate} msg/s per channel:");
@@ -179,7 +179,7 @@ pub(super) fn summarize(
     };
     for o in outcomes.iter().filter(|o| o.label != "herald") {
         let r = ratio(h.fps().unwrap_or(f64::NAN), o.fps().unwrap_or(f64::NAN));
-        let target = target_ratio(&o.label, shares_writes);
+        let target = target_ratio(&o.label, load);
         println!(
             "  herald / {} = {} frames per server CPU-second ({} vs {}); p99 {} vs {}{}",
             o.label,
@@ -223,7 +223,7 @@ pub(super) fn summarize(
 pub(super) fn print_medians(
     rate: f64,
     pairs: &[serde_json::Map<String, serde_json::Value>],
-    shares_writes: bool,
+    load: Load,
 ) {
     println!(
         "same-run pairs at {rate} msg/s per channel ({} rounds):",
@@ -243,7 +243,7 @@ pub(super) fn print_medians(
             .collect::<Vec<_>>()
             .join(", ");
         let median = median(&mut rs);
-        let target = target_ratio(label, shares_writes);
+        let target = target_ratio(label, load);
         println!(
             "  herald / {label}: {each}; median {}{}",
             median.map_or("n/a".into(), |m| format!("{m:.2}×")),

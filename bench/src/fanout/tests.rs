@@ -73,10 +73,12 @@ fn breaking_and_targets() {
     assert!(breaks(false, 0, Some(1), 1000.0, 1.0));
     assert!(breaks(true, 3, None, 1000.0, 1.0));
     assert!(breaks(true, 0, Some(1), 1000.0, 4.0));
-    assert_eq!(target_ratio("nchan", false), Some(1.2));
-    assert_eq!(target_ratio("nchan", true), Some(3.0));
-    assert_eq!(target_ratio("raw", true), Some(0.9));
-    assert_eq!(target_ratio("python-websockets", false), None);
+    assert_eq!(target_ratio("nchan", Load::PerFrame), Some(1.2));
+    assert_eq!(target_ratio("nchan", Load::SharedWrites), Some(3.0));
+    assert_eq!(target_ratio("nchan", Load::PublishBound), Some(1.0));
+    assert_eq!(target_ratio("uws", Load::PerFrame), Some(1.2));
+    assert_eq!(target_ratio("raw", Load::SharedWrites), Some(0.95));
+    assert_eq!(target_ratio("python-websockets", Load::PerFrame), None);
 }
 
 #[test]
