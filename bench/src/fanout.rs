@@ -353,7 +353,7 @@ pub fn target_ratio(label: &str, load: Load) -> Option<f64> {
         ("nchan", Load::SharedWrites) => Some(TARGET_RATIO_TO_NCHAN_SHARED),
         ("nchan", Load::PerFrame) => Some(TARGET_RATIO_TO_NCHAN),
         ("nchan", Load::PublishBound) => Some(TARGET_RATIO_TO_NCHAN_PUBLISH),
-        ("uws", Load::PerFrame) => Some(TARGET_RATIO_TO_UWS),
+        ("uwebsockets", Load::PerFrame) => Some(TARGET_RATIO_TO_UWS),
         ("herald-no-plugin", _) => Some(TARGET_RATIO_TO_NO_PLUGIN),
         _ => None,
     }

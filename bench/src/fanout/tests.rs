@@ -76,7 +76,7 @@ fn breaking_and_targets() {
     assert_eq!(target_ratio("nchan", Load::PerFrame), Some(1.2));
     assert_eq!(target_ratio("nchan", Load::SharedWrites), Some(3.0));
     assert_eq!(target_ratio("nchan", Load::PublishBound), Some(1.0));
-    assert_eq!(target_ratio("uws", Load::PerFrame), Some(1.2));
+    assert_eq!(target_ratio("uwebsockets", Load::PerFrame), Some(1.2));
     assert_eq!(target_ratio("raw", Load::SharedWrites), Some(0.95));
     assert_eq!(target_ratio("python-websockets", Load::PerFrame), None);
 }
