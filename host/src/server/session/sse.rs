@@ -186,11 +186,7 @@ impl Serve for SseSession {
     /// or end if it was closed. Also while the socket is full: a close from
     /// outside must not wait for it.
     fn on_woken(&mut self, stream: &TcpStream) -> Result<(), End> {
-        if self.out.end_hold() {
-            // The pacer unparked the handle (or a close woke it early).
-            self.handle.park(false);
-            self.parked = false;
-        }
+        self.unhold();
         if let Some(reason) = self.handle.close_reason().filter(|r| !r.after_backlog()) {
             return Err(queue_end(reason, self.handle.policy().as_str()));
         }

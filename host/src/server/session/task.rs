@@ -51,6 +51,17 @@ pub(super) trait Serve: Unpin {
     /// Takes what is queued and writes it, framed for its wire.
     fn take_and_send(&mut self, stream: &TcpStream) -> Result<(), End>;
 
+    /// On a wake-up: a writer held off for a lagging reader was released
+    /// (the pacer unparked the handle, or a close woke it early), so the
+    /// handle is told it is no longer parked.
+    fn unhold(&mut self) {
+        let (parked, out, handle, _) = self.parking();
+        if out.end_hold() {
+            handle.park(false);
+            *parked = false;
+        }
+    }
+
     /// After every turn: a backlog waits for the socket, or the writer
     /// holds off for a lagging reader: parked, pushes need not wake it (the
     /// drained socket or the pacer will). Unparked, what was pushed

@@ -236,11 +236,7 @@ impl Serve for WsSession {
         // The heartbeat's ping wakes it too: a frame left incomplete is
         // timed at least that often.
         self.reader.check_incomplete(self.limits.frame_deadline)?;
-        if self.out.end_hold() {
-            // The pacer unparked the handle (or a close woke it early).
-            self.handle.park(false);
-            self.parked = false;
-        }
+        self.unhold();
         let policy = self.handle.policy();
         if self.out.is_empty() {
             match self.handle.take_or_close() {
