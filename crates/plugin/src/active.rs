@@ -5,10 +5,12 @@
 //! one call per instance at a time; an instance that failed (trap, timeout,
 //! memory) is dropped, never returned to the pool; an instance whose memory
 //! passed the high-water mark is recycled after its call; a version has at
-//! most `threads + workers + 1` live instances (`workers`: the runtime's) (so its memory is bounded by
-//! that many caps); a call holds a runtime worker for at most the inline
-//! budget, never its deadline; a hot swap replaces the whole `ActivePlugin`,
-//! so calls in flight finish on the version they started on.
+//! most `threads + workers + 1` live instances, `workers` being the
+//! runtime's (so its memory is bounded by that many caps); a call holds a
+//! runtime worker for at most the inline budget, never its deadline (a call
+//! that finds no instance waits for one with `.await`, holding nothing); a
+//! hot swap replaces the whole `ActivePlugin`, so calls in flight finish on
+//! the version they started on.
 
 use super::{
     check_session, classify, cut_denial, deadline_ticks, from_v1, Bound, ConnectRequest, Contract,

@@ -20,7 +20,7 @@
 //! after its handshake is held no longer than the head timeout plus that.
 //!
 //! The trade, and why: sessions are written against `TcpStream` readiness
-//! (`try_write_vectored` of queued frames, see session/writer.rs) so that an
+//! (`send`/`sendmsg` of queued frames, see session/writer.rs) so that an
 //! idle session holds no buffer; TLS inside them would need a stream of its
 //! own through every path. The bridge costs a TLS session two loopback
 //! sockets and the copy buffers (tens of KiB): for the largest deployments a
