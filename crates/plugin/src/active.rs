@@ -151,6 +151,14 @@ impl Drop for Live {
 /// a plugin thread, a call having an instance made.
 struct Counted<'a>(&'a AtomicUsize);
 
+impl<'a> Counted<'a> {
+    /// Adds one to `count` until the guard drops; also the count before.
+    fn add(count: &'a AtomicUsize) -> (Counted<'a>, usize) {
+        let before = count.fetch_add(1, Ordering::AcqRel);
+        (Counted(count), before)
+    }
+}
+
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);

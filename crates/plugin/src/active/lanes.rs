@@ -67,8 +67,7 @@ impl ActivePlugin {
                 // thread, and counts as it meanwhile, so the calls behind it
                 // wait for it instead of each having one more made.
                 Ok(Err(PluginError::Cold)) => {
-                    self.making.fetch_add(1, Ordering::AcqRel);
-                    let _making = Counted(&self.making);
+                    let _making = Counted::add(&self.making);
                     return self.offload(patience, f).await;
                 }
                 Ok(r) => return r,
@@ -99,8 +98,7 @@ impl ActivePlugin {
         let permit = match self.threads.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
-                let ahead = self.waiting.fetch_add(1, Ordering::AcqRel);
-                let _waiting = Counted(&self.waiting);
+                let (_waiting, ahead) = Counted::add(&self.waiting);
                 if patience == Patience::Bounded && ahead >= self.limits.queue {
                     if self.busy_logged.due(1000) {
                         tracing::warn!(tenant = %self.tenant, version = self.version, threads = self.limits.threads, queue = self.limits.queue, "plugin threads and queue full: refusing calls with plugin_busy (logged once a second)");
