@@ -51,6 +51,9 @@ pub struct Node {
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     /// One change at a time per tenant (`reconcile`).
     pub turns: Turns,
+    /// A unit test's registry directory, removed with the node.
+    #[cfg(test)]
+    scratch: Option<tempfile::TempDir>,
 }
 
 /// One change at a time per tenant.
@@ -121,16 +124,22 @@ impl Node {
             memory_blamed: AtomicBool::new(false),
             cluster,
             turns: Default::default(),
+            #[cfg(test)]
+            scratch: None,
         }
     }
 
     /// A node on a throwaway SQLite registry, for unit tests.
     #[cfg(test)]
     pub async fn for_tests() -> Arc<Node> {
-        let dir = std::env::temp_dir().join(format!("herald-unit-{}", rand::random::<u64>()));
-        std::fs::create_dir_all(&dir).expect("test dir");
-        let registry = Registry::open(None, &dir).await.expect("test registry");
-        Arc::new(Node::new(NodeParts {
+        let scratch = tempfile::Builder::new()
+            .prefix("herald-unit-")
+            .tempdir()
+            .expect("test dir");
+        let registry = Registry::open(None, scratch.path())
+            .await
+            .expect("test registry");
+        let mut node = Node::new(NodeParts {
             node_id: "test".into(),
             defaults: TenantLimits::DEFAULT,
             memory_budget: None,
@@ -138,7 +147,9 @@ impl Node {
             capacity: Capacity::new(100),
             runtime: crate::plugin::Runtime::new().expect("plugin runtime"),
             cluster: None,
-        }))
+        });
+        node.scratch = Some(scratch);
+        Arc::new(node)
     }
 
     pub fn is_ready(&self) -> bool {
@@ -264,5 +275,23 @@ mod memory_tests {
         assert_eq!(g.estimate(), (10 << 20) + (400 << 10));
         g.admitted();
         assert_eq!(g.estimate(), (10 << 20) + (400 << 10) + (10 << 10));
+    }
+}
+
+#[cfg(test)]
+mod scratch_tests {
+    use super::Node;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn a_test_nodes_registry_directory_goes_with_it() {
+        let node = Node::for_tests().await;
+        let dir = node.scratch.as_ref().expect("a test node").path().to_owned();
+        assert!(dir.join("registry.db").exists());
+        let node = Arc::into_inner(node).expect("nothing else holds the node");
+        // The registry's pool closes first: SQLite's files go with the directory.
+        node.registry.close().await;
+        drop(node);
+        assert!(!dir.exists(), "{} left behind", dir.display());
     }
 }
