@@ -2,11 +2,14 @@
 //!
 //! Owns: metric names and labels. Invariants: labels are tenant ids and small
 //! fixed enums only (never channel or connection ids); hot paths hold
-//! pre-registered handles, so counting a frame is one atomic add.
+//! pre-registered handles, so counting a frame is one atomic add, on a
+//! cache line of the counting thread's own ([`HotCounter`]); what `/metrics`
+//! renders ([`render`]) includes every count made before it.
 
 use metrics::{counter, gauge, Counter, Gauge};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -27,6 +30,93 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
+/// The exposition text: every [`HotCounter`]'s counts folded in first.
+pub fn render(handle: &PrometheusHandle) -> String {
+    fold_hot();
+    handle.render()
+}
+
+/// Slots of a [`HotCounter`]: threads share one only past this many.
+const HOT_SLOTS: usize = 8;
+
+/// One slot on a cache line of its own (128 bytes: the line and the one
+/// the prefetcher pairs with it).
+#[repr(align(128))]
+#[derive(Default)]
+struct Slot(AtomicU64);
+
+/// Counts not yet in the exported counter, one slot per counting thread.
+#[derive(Default)]
+struct HotSlots([Slot; HOT_SLOTS]);
+
+/// A counter every runtime worker bumps for every frame it writes. An
+/// exported counter is one atomic word (two, with its generation) that all
+/// workers add to, so its cache line moves between cores at every frame;
+/// here each thread adds to a line of its own, and the counts reach the
+/// exported counter when `/metrics` is read ([`render`]) or the counter
+/// is dropped.
+pub struct HotCounter {
+    slots: Arc<HotSlots>,
+    exported: Counter,
+}
+
+/// Every live hot counter, for [`render`] to fold in.
+static HOT: Mutex<Vec<(Weak<HotSlots>, Counter)>> = Mutex::new(Vec::new());
+
+impl HotCounter {
+    pub fn new(exported: Counter) -> HotCounter {
+        let slots = Arc::new(HotSlots::default());
+        let mut hot = HOT.lock().unwrap_or_else(PoisonError::into_inner);
+        // Dropped counters folded their counts already: forget them here
+        // too, so tenants that come and go leave nothing behind.
+        hot.retain(|(s, _)| s.strong_count() > 0);
+        hot.push((Arc::downgrade(&slots), exported.clone()));
+        drop(hot);
+        HotCounter { slots, exported }
+    }
+
+    pub fn increment(&self, n: u64) {
+        thread_local! {
+            static SLOT: usize = {
+                static NEXT: AtomicUsize = AtomicUsize::new(0);
+                NEXT.fetch_add(1, Ordering::Relaxed) % HOT_SLOTS
+            };
+        }
+        let i = SLOT.with(|s| *s);
+        self.slots.0[i].0.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl HotSlots {
+    /// Moves what was counted into `to` (a count made meanwhile stays for
+    /// the next fold: nothing is lost or counted twice).
+    fn fold(&self, to: &Counter) {
+        let n: u64 = self.0.iter().map(|s| s.0.swap(0, Ordering::Relaxed)).sum();
+        if n > 0 {
+            to.increment(n);
+        }
+    }
+}
+
+impl Drop for HotCounter {
+    fn drop(&mut self) {
+        self.slots.fold(&self.exported);
+    }
+}
+
+/// Folds every live hot counter into its exported counter, and forgets
+/// the dropped ones.
+fn fold_hot() {
+    let mut hot = HOT.lock().unwrap_or_else(PoisonError::into_inner);
+    hot.retain(|(slots, to)| match slots.upgrade() {
+        Some(slots) => {
+            slots.fold(to);
+            true
+        }
+        None => false,
+    });
+}
+
 /// Session end reasons with pre-registered counters (see `server::session`).
 const CLOSE_REASONS: [&str; 8] = [
     "peer",
@@ -45,11 +135,11 @@ pub struct TenantMetrics {
     pub opened_ws: Counter,
     pub opened_sse: Counter,
     pub subscriptions: Gauge,
-    pub frames_sent: Counter,
+    pub frames_sent: HotCounter,
     /// Messages compressed for permessage-deflate sessions: one per
     /// message and audience, however many sessions it is sent to.
     pub deflated: Counter,
-    pub writes: Counter,
+    pub writes: HotCounter,
     /// Waits of a writer holding off for a reader falling behind (its
     /// window low at two looks in a row): one per pace it waits.
     pub lagging: Counter,
@@ -84,8 +174,10 @@ impl TenantMetrics {
             opened_ws: counter!("herald_connections_opened_total", "tenant" => t.clone(), "transport" => "ws"),
             opened_sse: counter!("herald_connections_opened_total", "tenant" => t.clone(), "transport" => "sse"),
             subscriptions: gauge!("herald_subscriptions", "tenant" => t.clone()),
-            frames_sent: counter!("herald_frames_sent_total", "tenant" => t.clone()),
-            writes: counter!("herald_socket_writes_total", "tenant" => t.clone()),
+            frames_sent: HotCounter::new(
+                counter!("herald_frames_sent_total", "tenant" => t.clone()),
+            ),
+            writes: HotCounter::new(counter!("herald_socket_writes_total", "tenant" => t.clone())),
             deflated: counter!("herald_ws_deflated_total", "tenant" => t.clone()),
             lagging: counter!("herald_lagging_reader_holds_total", "tenant" => t.clone()),
             published: counter!("herald_messages_published_total", "tenant" => t.clone()),
@@ -189,4 +281,39 @@ pub fn set_registry_up(up: bool) {
 pub fn reconciled(changed: usize) {
     counter!("herald_registry_reconciles_total").increment(1);
     counter!("herald_registry_reconcile_changes_total").increment(changed as u64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(text: &str, name: &str) -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+    }
+
+    #[test]
+    fn a_hot_counter_renders_every_count_from_every_thread() {
+        let handle = install();
+        let name = "herald_test_hot_total{tenant=\"hot\"}";
+        let hot = Arc::new(HotCounter::new(
+            counter!("herald_test_hot_total", "tenant" => "hot"),
+        ));
+        let threads: Vec<_> = (0..HOT_SLOTS + 3)
+            .map(|_| {
+                let hot = hot.clone();
+                std::thread::spawn(move || (0..1000).for_each(|_| hot.increment(3)))
+            })
+            .collect();
+        // Reads while the threads count: never more than was counted.
+        let early = value(&render(&handle), name).unwrap_or(0);
+        assert!(early <= 3 * 1000 * (HOT_SLOTS as u64 + 3));
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        let all = 3 * 1000 * (HOT_SLOTS as u64 + 3);
+        assert_eq!(value(&render(&handle), name), Some(all));
+        // Counts made after a render, then the counter dropped: folded by the drop.
+        hot.increment(5);
+        drop(Arc::into_inner(hot).expect("the threads let go"));
+        assert_eq!(value(&render(&handle), name), Some(all + 5));
+    }
 }

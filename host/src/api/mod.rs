@@ -271,7 +271,7 @@ pub(super) async fn metrics(State(app): State<Arc<Api>>, headers: HeaderMap) -> 
     }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        app.settings.metrics.render(),
+        herald_base::metrics::render(&app.settings.metrics),
     )
         .into_response()
 }
