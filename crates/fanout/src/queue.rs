@@ -14,7 +14,7 @@
 use super::Published;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use smallvec::SmallVec;
 use std::sync::Arc;
 
 /// What happens when a session's queue is full.
@@ -67,6 +67,12 @@ impl Item {
     }
 }
 
+/// What a queue holds, and what its writer takes: one item inline (a quiet
+/// channel's frame, the usual take), more on the heap. An item pushed and
+/// taken alone costs no allocation, on the publishing thread or the
+/// writer's.
+pub type Queued = SmallVec<[Item; 1]>;
+
 /// What a push did, so the caller can count it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PushOutcome {
@@ -99,7 +105,7 @@ struct Drops(Vec<Lost>);
 
 #[derive(Debug, Default)]
 pub struct OutQueue {
-    items: VecDeque<Item>,
+    items: Queued,
     bytes: usize,
     /// Per channel, the positions dropped to make room since the last take
     /// (`from` is the first dropped message's `prev` + 1), and where the
@@ -169,7 +175,7 @@ impl OutQueue {
 
     fn append(&mut self, item: Item, len: usize, outcome: PushOutcome) -> PushOutcome {
         self.bytes += len;
-        self.items.push_back(item);
+        self.items.push(item);
         outcome
     }
 
@@ -226,7 +232,7 @@ impl OutQueue {
 
     /// Takes everything queued, leaving an empty queue that holds no memory;
     /// a `gap` for each channel whose messages were dropped comes first.
-    pub fn take(&mut self, wire: Wire) -> VecDeque<Item> {
+    pub fn take(&mut self, wire: Wire) -> Queued {
         self.bytes = 0;
         let mut items = std::mem::take(&mut self.items);
         // Latest position first, so the earlier ones stay where they were.
@@ -263,6 +269,31 @@ mod tests {
                 Item::Ctrl(_) => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn one_item_is_queued_and_taken_without_an_allocation() {
+        let mut q = OutQueue::default();
+        q.push(
+            msg("a", 1, None, 10),
+            Wire::Ws,
+            100,
+            SlowConsumer::Disconnect,
+        );
+        let one = q.take(Wire::Ws);
+        assert_eq!(one.len(), 1);
+        assert!(!one.spilled(), "one frame, the usual take, stays inline");
+        for s in 2..=3 {
+            q.push(
+                msg("a", s, None, 10),
+                Wire::Ws,
+                100,
+                SlowConsumer::Disconnect,
+            );
+        }
+        assert!(q.take(Wire::Ws).spilled());
+        // Taken: the queue holds nothing on the heap again.
+        assert!(!q.items.spilled() && q.is_empty());
     }
 
     #[test]

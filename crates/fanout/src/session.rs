@@ -10,13 +10,12 @@
 //! wake-up); a close always wakes it. The socket half lives in
 //! `server::session`.
 
-use super::queue::{Item, OutQueue, PushOutcome, SlowConsumer, Wire};
+use super::queue::{Item, OutQueue, PushOutcome, Queued, SlowConsumer, Wire};
 use super::Published;
 use bytes::Bytes;
 use herald_proto::{sse, ws};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -303,7 +302,7 @@ impl SessionHandle {
     }
 
     /// Everything queued so far; the writer sends it in as few writes as it can.
-    pub fn take_queued(&self) -> VecDeque<Item> {
+    pub fn take_queued(&self) -> Queued {
         self.state.lock().queue.take(self.wire)
     }
 
@@ -311,7 +310,7 @@ impl SessionHandle {
     /// the session was closed, else everything queued.
     /// A session the server is leaving (1001) first sends what was queued
     /// before it was closed: held messages flushed at shutdown reach it.
-    pub fn take_or_close(&self) -> Result<VecDeque<Item>, QueueClose> {
+    pub fn take_or_close(&self) -> Result<Queued, QueueClose> {
         let mut st = self.state.lock();
         match st.closed {
             Some(QueueClose::GoingAway) if !st.queue.is_empty() => {
@@ -463,7 +462,7 @@ mod tests {
         h.beat(1_000 + 599, 600);
         assert!(woke(&h).await);
         let items = h.take_queued();
-        assert!(matches!(&items.front(), Some(Item::Ctrl(b)) if &b[..] == PING));
+        assert!(matches!(&items.first(), Some(Item::Ctrl(b)) if &b[..] == PING));
         assert_eq!(h.close_reason(), None);
 
         h.park(true);
@@ -482,7 +481,7 @@ mod tests {
             "SSE clients send nothing: never silent"
         );
         assert!(
-            matches!(&s.take_queued().front(), Some(Item::Ctrl(b)) if &b[..] == sse::HEARTBEAT)
+            matches!(&s.take_queued().first(), Some(Item::Ctrl(b)) if &b[..] == sse::HEARTBEAT)
         );
     }
 }

@@ -9,7 +9,7 @@
 
 use super::sse::SseState;
 use super::End;
-use crate::fanout::queue::Item;
+use crate::fanout::queue::{Item, Queued};
 use crate::fanout::session::SessionHandle;
 use crate::fanout::Published;
 use crate::tenant::Tenant;
@@ -304,7 +304,7 @@ pub(super) fn load_and_flush(
 /// Writes frames taken from the queue (SSE messages get their id line).
 pub(super) fn send_queued(
     stream: &TcpStream,
-    items: VecDeque<Item>,
+    items: Queued,
     out: &mut Unwritten,
     tenant: &Tenant,
     mut framing: Framing<'_>,
@@ -358,7 +358,7 @@ pub(super) fn send_queued(
 /// `send`; only what the socket did not take is copied into the outbox.
 fn write_direct(
     stream: &TcpStream,
-    items: VecDeque<Item>,
+    items: Queued,
     out: &mut Unwritten,
     tenant: &Tenant,
     deflate: Option<Deflate>,
@@ -390,12 +390,19 @@ fn write_direct(
             Item::Ctrl(b) => b,
         }
     }
-    let mut slices = [IoSlice::new(&[]); MAX_IOV];
-    let n = items.len().min(MAX_IOV);
-    for (slot, it) in slices.iter_mut().zip(items.iter()) {
-        *slot = IoSlice::new(wire(it, deflate));
-    }
-    let mut written = match send(stream, &slices[..n]) {
+    let sent = match &items {
+        // The usual write: one frame of a quiet channel.
+        one if one.len() == 1 => send(stream, &[IoSlice::new(wire(&one[0], deflate))]),
+        many => {
+            let mut slices = [IoSlice::new(&[]); MAX_IOV];
+            let n = many.len().min(MAX_IOV);
+            for (slot, it) in slices.iter_mut().zip(many.iter()) {
+                *slot = IoSlice::new(wire(it, deflate));
+            }
+            send(stream, &slices[..n])
+        }
+    };
+    let mut written = match sent {
         Ok(w) => {
             tenant.metrics.writes.increment(1);
             out.wrote(w, stream);
