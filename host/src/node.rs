@@ -286,7 +286,12 @@ mod scratch_tests {
     #[tokio::test]
     async fn a_test_nodes_registry_directory_goes_with_it() {
         let node = Node::for_tests().await;
-        let dir = node.scratch.as_ref().expect("a test node").path().to_owned();
+        let dir = node
+            .scratch
+            .as_ref()
+            .expect("a test node")
+            .path()
+            .to_owned();
         assert!(dir.join("registry.db").exists());
         let node = Arc::into_inner(node).expect("nothing else holds the node");
         // The registry's pool closes first: SQLite's files go with the directory.
