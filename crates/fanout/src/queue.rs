@@ -271,26 +271,25 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn one_item_is_queued_and_taken_without_an_allocation() {
-        let mut q = OutQueue::default();
+    /// Pushes a 10-byte message of channel `a` at `seq` under a 100-byte bound.
+    fn push_small(q: &mut OutQueue, seq: u64) -> PushOutcome {
         q.push(
-            msg("a", 1, None, 10),
+            msg("a", seq, None, 10),
             Wire::Ws,
             100,
             SlowConsumer::Disconnect,
-        );
+        )
+    }
+
+    #[test]
+    fn one_item_is_queued_and_taken_without_an_allocation() {
+        let mut q = OutQueue::default();
+        push_small(&mut q, 1);
         let one = q.take(Wire::Ws);
         assert_eq!(one.len(), 1);
         assert!(!one.spilled(), "one frame, the usual take, stays inline");
-        for s in 2..=3 {
-            q.push(
-                msg("a", s, None, 10),
-                Wire::Ws,
-                100,
-                SlowConsumer::Disconnect,
-            );
-        }
+        push_small(&mut q, 2);
+        push_small(&mut q, 3);
         assert!(q.take(Wire::Ws).spilled());
         // Taken: the queue holds nothing on the heap again.
         assert!(!q.items.spilled() && q.is_empty());
@@ -300,15 +299,7 @@ mod tests {
     fn under_limit_everything_queues() {
         let mut q = OutQueue::default();
         for s in 1..=3 {
-            assert_eq!(
-                q.push(
-                    msg("a", s, None, 10),
-                    Wire::Ws,
-                    100,
-                    SlowConsumer::Disconnect
-                ),
-                PushOutcome::Queued
-            );
+            assert_eq!(push_small(&mut q, s), PushOutcome::Queued);
         }
         assert_eq!(q.bytes(), 30);
         assert_eq!(seqs(&mut q), vec![1, 2, 3]);

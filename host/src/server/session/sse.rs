@@ -186,11 +186,11 @@ impl Serve for SseSession {
     /// or end if it was closed. Also while the socket is full: a close from
     /// outside must not wait for it.
     fn on_woken(&mut self, stream: &TcpStream) -> Result<(), End> {
-        self.unhold(stream);
+        self.unhold();
         if let Some(reason) = self.handle.close_reason().filter(|r| !r.after_backlog()) {
             return Err(queue_end(reason, self.handle.policy().as_str()));
         }
-        if self.out.is_empty() && !self.out.holding() {
+        if self.out.is_empty() {
             self.take_and_send(stream)?;
         }
         Ok(())

@@ -51,20 +51,14 @@ pub(super) trait Serve: Unpin {
     /// Takes what is queued and writes it, framed for its wire.
     fn take_and_send(&mut self, stream: &TcpStream) -> Result<(), End>;
 
-    /// On a wake-up of a writer held off for a lagging reader (the pacer
-    /// unparked the handle, or a close woke it early): if the reader read
-    /// since, the handle is told it is no longer parked; if not, the writer
-    /// goes on holding off, and `repark` parks the handle again (the pacer
-    /// unparked it) and asks the pacer for another pace.
-    fn unhold(&mut self, stream: &TcpStream) {
+    /// On a wake-up: a writer held off for a lagging reader was released
+    /// (the pacer unparked the handle, or a close woke it early), so the
+    /// handle is told it is no longer parked.
+    fn unhold(&mut self) {
         let (parked, out, handle, _) = self.parking();
-        match out.end_hold(stream) {
-            Some(true) => {
-                handle.park(false);
-                *parked = false;
-            }
-            Some(false) => *parked = false,
-            None => {}
+        if out.end_hold() {
+            handle.park(false);
+            *parked = false;
         }
     }
 

@@ -38,12 +38,7 @@ fn send(stream: &TcpStream, slices: &[IoSlice<'_>]) -> io::Result<usize> {
 }
 
 /// Bytes written between two looks at the peer's receive window.
-const WINDOW_CHECK_BYTES: u16 = 16 * 1024;
-
-/// A window in KiB, as the session state keeps it.
-fn kib(window: u32) -> u16 {
-    (window / 1024).min(u32::from(u16::MAX)) as u16
-}
+const WINDOW_CHECK_BYTES: u32 = 16 * 1024;
 
 /// How long the writer of a lagging reader holds off between writes (the
 /// node's pacer releases held sessions at this interval).
@@ -53,14 +48,11 @@ pub const LAG_PACE: Duration = Duration::from_millis(100);
 /// reader keeps up.
 pub(super) struct Unwritten {
     bufs: VecDeque<Bytes>,
-    /// Bytes written since the peer's window was last looked at (saturating:
-    /// only whether it reached [`WINDOW_CHECK_BYTES`] matters).
-    unchecked: u16,
+    /// Bytes written since the peer's window was last looked at.
+    unchecked: u32,
     /// The largest window the peer advertised so far, in KiB (the session
     /// state stays small).
     widest_kib: u16,
-    /// While the writer holds off: the window at the last look, in KiB.
-    held_kib: u16,
     hold: Hold,
 }
 
@@ -69,11 +61,8 @@ pub(super) struct Unwritten {
 /// or gets it back by the next look; one that stopped shrinks it once its
 /// buffer holds some 100 KiB; see `peer_window.rs`) is written to once per
 /// [`LAG_PACE`], everything queued in one write, instead of once per
-/// message, and only once it read something since the last look (its
-/// window grew): a client that stopped reading is written nothing more,
-/// and what is published meanwhile waits in its queue under the
-/// slow-consumer policy, not in the kernel's buffers at the cost of a
-/// loopback copy and a socket buffer per frame.
+/// message: a client that stopped reading costs a few writes while its
+/// buffers fill, not one per message for every message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Hold {
     /// Written as frames come.
@@ -81,8 +70,7 @@ pub(super) enum Hold {
     /// The window was low at the last look (or the writer was holding off
     /// until now): low again at the next, and the writer holds off.
     Low,
-    /// Just found lagging, or still lagging at the pacer's wake-up: the
-    /// session must park and ask the pacer.
+    /// Just found lagging: the session must park and ask the pacer.
     New,
     /// Parked, waiting for the pacer.
     Waiting,
@@ -95,7 +83,6 @@ impl Default for Unwritten {
             // The first write looks at the window: the widest starts there.
             unchecked: WINDOW_CHECK_BYTES,
             widest_kib: 0,
-            held_kib: 0,
             hold: Hold::No,
         }
     }
@@ -151,8 +138,8 @@ impl Unwritten {
         !self.bufs.is_empty() || matches!(self.hold, Hold::New | Hold::Waiting)
     }
 
-    /// Whether the reader was just found lagging, or still lags at a pace
-    /// (once each: the session then parks and hands its handle to the pacer).
+    /// Whether the reader was just found lagging (once: the session then
+    /// parks and hands its handle to the pacer).
     pub(super) fn take_new_hold(&mut self) -> bool {
         if self.hold == Hold::New {
             self.hold = Hold::Waiting;
@@ -161,34 +148,16 @@ impl Unwritten {
         false
     }
 
-    /// Whether the writer holds off: nothing is taken from the queue.
-    pub(super) fn holding(&self) -> bool {
-        matches!(self.hold, Hold::New | Hold::Waiting)
-    }
-
-    /// The pacer's wake-up (or any other) of a writer that holds off: looks
-    /// at the window. `Some(true)`: the reader read since the last look
-    /// (its window grew, or the kernel does not say), so the writer writes
-    /// again and looks after that write (still low: it holds off again at
-    /// once). `Some(false)`: it did not; the writer holds off for another
-    /// pace (the session asks the pacer again, see `take_new_hold`).
-    /// `None`: it was not holding off.
-    pub(super) fn end_hold(&mut self, stream: &TcpStream) -> Option<bool> {
-        if !self.holding() {
-            return None;
+    /// The pacer's wake-up (or any other): write again, and look at the
+    /// window after that write. True if the writer was holding off.
+    pub(super) fn end_hold(&mut self) -> bool {
+        let held = matches!(self.hold, Hold::New | Hold::Waiting);
+        if held {
+            // Still low after this write: hold off again at once.
+            self.hold = Hold::Low;
+            self.unchecked = WINDOW_CHECK_BYTES;
         }
-        match crate::server::peer_window::peer_window(stream).map(kib) {
-            Some(now) if now <= self.held_kib => {
-                self.held_kib = now;
-                self.hold = Hold::New;
-                Some(false)
-            }
-            _ => {
-                self.hold = Hold::Low;
-                self.unchecked = WINDOW_CHECK_BYTES;
-                Some(true)
-            }
-        }
+        held
     }
 
     /// Counts `n` bytes written; every [`WINDOW_CHECK_BYTES`] (and after
@@ -196,23 +165,20 @@ impl Unwritten {
     /// the writer if it was below three quarters of the widest seen at this
     /// look and the one before.
     fn wrote(&mut self, n: usize, stream: &TcpStream) {
-        let n = u16::try_from(n).unwrap_or(u16::MAX);
-        self.unchecked = self.unchecked.saturating_add(n);
+        self.unchecked = self.unchecked.saturating_add(n as u32);
         if self.unchecked < WINDOW_CHECK_BYTES {
             return;
         }
         self.unchecked = 0;
-        let Some(kib) = crate::server::peer_window::peer_window(stream).map(kib) else {
+        let Some(window) = crate::server::peer_window::peer_window(stream) else {
             return;
         };
+        let kib = (window / 1024).min(u32::from(u16::MAX)) as u16;
         self.widest_kib = self.widest_kib.max(kib);
         let low = u32::from(kib) * 4 < u32::from(self.widest_kib) * 3;
         self.hold = match (self.hold, low) {
             (Hold::No, true) => Hold::Low,
-            (Hold::Low, true) => {
-                self.held_kib = kib;
-                Hold::New
-            }
+            (Hold::Low, true) => Hold::New,
             (Hold::Low, false) => Hold::No,
             (h, _) => h,
         };

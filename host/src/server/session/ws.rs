@@ -236,9 +236,9 @@ impl Serve for WsSession {
         // The heartbeat's ping wakes it too: a frame left incomplete is
         // timed at least that often.
         self.reader.check_incomplete(self.limits.frame_deadline)?;
-        self.unhold(stream);
+        self.unhold();
         let policy = self.handle.policy();
-        if self.out.is_empty() && !self.out.holding() {
+        if self.out.is_empty() {
             match self.handle.take_or_close() {
                 Ok(items) => send_queued(
                     stream,
@@ -250,8 +250,7 @@ impl Serve for WsSession {
                 Err(reason) => Err(queue_end(reason, policy.as_str())),
             }
         } else {
-            // Going away waits for the backlog: `on_ready` ends it once sent
-            // (a writer holding off leaves what is queued in the queue).
+            // Going away waits for the backlog: `on_ready` ends it once sent.
             match self.handle.close_reason() {
                 Some(reason) if !reason.after_backlog() => Err(queue_end(reason, policy.as_str())),
                 _ => Ok(()),
