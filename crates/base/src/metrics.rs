@@ -32,7 +32,7 @@ pub fn install() -> PrometheusHandle {
 
 /// The exposition text: every [`HotCounter`]'s counts folded in first.
 pub fn render(handle: &PrometheusHandle) -> String {
-    fold_hot();
+    fold_hot(None);
     handle.render()
 }
 
@@ -45,9 +45,11 @@ const HOT_SLOTS: usize = 8;
 #[derive(Default)]
 struct Slot(AtomicU64);
 
-/// Counts not yet in the exported counter, one slot per counting thread.
-#[derive(Default)]
-struct HotSlots([Slot; HOT_SLOTS]);
+/// Counts not yet in `exported`, one slot per counting thread.
+struct Hot {
+    slots: [Slot; HOT_SLOTS],
+    exported: Counter,
+}
 
 /// A counter every runtime worker bumps for every frame it writes. An
 /// exported counter is one atomic word (two, with its generation) that all
@@ -55,24 +57,21 @@ struct HotSlots([Slot; HOT_SLOTS]);
 /// here each thread adds to a line of its own, and the counts reach the
 /// exported counter when `/metrics` is read ([`render`]) or the counter
 /// is dropped.
-pub struct HotCounter {
-    slots: Arc<HotSlots>,
-    exported: Counter,
-}
+pub struct HotCounter(Arc<Hot>);
 
 /// Every live hot counter, for [`render`] to fold in.
-static HOT: Mutex<Vec<(Weak<HotSlots>, Counter)>> = Mutex::new(Vec::new());
+static HOT: Mutex<Vec<Weak<Hot>>> = Mutex::new(Vec::new());
 
 impl HotCounter {
     pub fn new(exported: Counter) -> HotCounter {
-        let slots = Arc::new(HotSlots::default());
-        let mut hot = HOT.lock().unwrap_or_else(PoisonError::into_inner);
-        // Dropped counters folded their counts already: forget them here
-        // too, so tenants that come and go leave nothing behind.
-        hot.retain(|(s, _)| s.strong_count() > 0);
-        hot.push((Arc::downgrade(&slots), exported.clone()));
-        drop(hot);
-        HotCounter { slots, exported }
+        let hot = Arc::new(Hot {
+            slots: Default::default(),
+            exported,
+        });
+        // Folding forgets the dropped ones, so tenants that come and go
+        // leave nothing behind.
+        fold_hot(Some(Arc::downgrade(&hot)));
+        HotCounter(hot)
     }
 
     pub fn increment(&self, n: u64) {
@@ -83,38 +82,37 @@ impl HotCounter {
             };
         }
         let i = SLOT.with(|s| *s);
-        self.slots.0[i].0.fetch_add(n, Ordering::Relaxed);
+        self.0.slots[i].0.fetch_add(n, Ordering::Relaxed);
     }
 }
 
-impl HotSlots {
-    /// Moves what was counted into `to` (a count made meanwhile stays for
-    /// the next fold: nothing is lost or counted twice).
-    fn fold(&self, to: &Counter) {
-        let n: u64 = self.0.iter().map(|s| s.0.swap(0, Ordering::Relaxed)).sum();
+impl Hot {
+    /// Moves what was counted into the exported counter (a count made
+    /// meanwhile stays for the next fold: nothing is lost or counted twice).
+    fn fold(&self) {
+        let n: u64 = self
+            .slots
+            .iter()
+            .map(|s| s.0.swap(0, Ordering::Relaxed))
+            .sum();
         if n > 0 {
-            to.increment(n);
+            self.exported.increment(n);
         }
     }
 }
 
 impl Drop for HotCounter {
     fn drop(&mut self) {
-        self.slots.fold(&self.exported);
+        self.0.fold();
     }
 }
 
-/// Folds every live hot counter into its exported counter, and forgets
-/// the dropped ones.
-fn fold_hot() {
+/// Folds every live hot counter into its exported counter, forgets the
+/// dropped ones (they folded their counts as they went), and adds `new`.
+fn fold_hot(new: Option<Weak<Hot>>) {
     let mut hot = HOT.lock().unwrap_or_else(PoisonError::into_inner);
-    hot.retain(|(slots, to)| match slots.upgrade() {
-        Some(slots) => {
-            slots.fold(to);
-            true
-        }
-        None => false,
-    });
+    hot.retain(|h| h.upgrade().inspect(|h| h.fold()).is_some());
+    hot.extend(new);
 }
 
 /// Session end reasons with pre-registered counters (see `server::session`).
@@ -305,11 +303,11 @@ mod tests {
                 std::thread::spawn(move || (0..1000).for_each(|_| hot.increment(3)))
             })
             .collect();
+        let all = 3 * 1000 * (HOT_SLOTS as u64 + 3);
         // Reads while the threads count: never more than was counted.
         let early = value(&render(&handle), name).unwrap_or(0);
-        assert!(early <= 3 * 1000 * (HOT_SLOTS as u64 + 3));
+        assert!(early <= all);
         threads.into_iter().for_each(|t| t.join().unwrap());
-        let all = 3 * 1000 * (HOT_SLOTS as u64 + 3);
         assert_eq!(value(&render(&handle), name), Some(all));
         // Counts made after a render, then the counter dropped: folded by the drop.
         hot.increment(5);
